@@ -1,0 +1,7 @@
+"""`python -m connector` runs the CLI."""
+
+import sys
+
+from connector.cli.main import main
+
+sys.exit(main())

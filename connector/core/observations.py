@@ -1,0 +1,81 @@
+"""What a provider hands to a session: one frozen observation per advert, port change or mDNS record.
+
+Observations hold private device data (addresses, payloads). They live in memory only and never leave
+the session except through the caller-private projection and, for the address, a binding.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+Transport = Literal["ble", "usb-serial", "mdns"]
+TRANSPORTS: tuple[Transport, ...] = ("ble", "usb-serial", "mdns")
+
+
+@dataclass(frozen=True, slots=True)
+class BleObservation:
+    """One BLE advertisement as the backend reported it."""
+
+    address: str
+    rssi: int
+    name: str | None = None
+    service_uuids: tuple[str, ...] = ()
+    manufacturer_data: Mapping[int, bytes] = field(default_factory=dict)
+    service_data: Mapping[str, bytes] = field(default_factory=dict)
+    tx_power: int | None = None
+    connectable: bool | None = None
+
+    transport: Transport = "ble"
+
+    @property
+    def device_key(self) -> str:
+        """Per-session dedupe key."""
+        return self.address
+
+
+@dataclass(frozen=True, slots=True)
+class UsbObservation:
+    """A serial port appearing or disappearing in an enumeration pass."""
+
+    event: Literal["add", "remove"]
+    device: str
+    vid: int | None = None
+    pid: int | None = None
+    serial_number: str | None = None
+    manufacturer: str | None = None
+    product: str | None = None
+    location: str | None = None
+    interface: str | None = None
+
+    transport: Transport = "usb-serial"
+
+    @property
+    def device_key(self) -> str:
+        """Per-session dedupe key."""
+        return self.device
+
+
+@dataclass(frozen=True, slots=True)
+class MdnsObservation:
+    """An mDNS service instance added, updated or removed."""
+
+    event: Literal["add", "update", "remove"]
+    service_type: str
+    name: str
+    server: str | None = None
+    addresses: tuple[str, ...] = ()
+    port: int | None = None
+    txt: Mapping[str, str] = field(default_factory=dict)
+    ttl: int | None = None
+
+    transport: Transport = "mdns"
+
+    @property
+    def device_key(self) -> str:
+        """Per-session dedupe key."""
+        return f"{self.service_type}\x00{self.name}"
+
+
+Observation = BleObservation | UsbObservation | MdnsObservation
