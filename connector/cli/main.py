@@ -12,6 +12,9 @@ COMMAND_MODULES: tuple[str, ...] = (
     "connector.cli.schema_cmd",
     "connector.cli.catalog_cmd",
     "connector.cli.scan_cmd",
+    "connector.cli.fixtures_cmd",
+    "connector.cli.principals_cmd",
+    "connector.cli.serve_cmd",
 )
 
 EXIT_OK = 0

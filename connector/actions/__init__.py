@@ -1,0 +1,1 @@
+"""Local programs behind command actions."""
