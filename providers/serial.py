@@ -1,0 +1,183 @@
+"""USB/serial provider: a worker thread polls pyserial's `comports()` and diffs the passes.
+
+Enumeration is read-only: a port is never opened. Only ports with USB identity (vid/pid) are USB-serial
+devices; built-in UARTs such as the VM console `ttyS0` never leave the provider.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import replace
+from typing import Protocol
+
+import anyio
+import anyio.from_thread
+import anyio.lowlevel
+from serial.tools import list_ports
+
+from connector.core.observations import UsbObservation
+from connector.core.scope import DiscoveryScope, matches_scope
+from connector.errors import ProviderError, StopUnconfirmed
+from providers.base import ObservationSink, ProviderCapabilities
+
+MAX_POLL_INTERVAL_S = 1.0  # SPEC 6.5: enumeration passes at most 1 s apart
+_MAX_TEXT = 256
+
+
+class PortInfo(Protocol):
+    """The fields of pyserial's `ListPortInfo` this provider reads."""
+
+    device: str
+    vid: int | None
+    pid: int | None
+    serial_number: str | None
+    manufacturer: str | None
+    product: str | None
+    location: str | None
+    interface: str | None
+
+
+PortEnumerator = Callable[[], Iterable[PortInfo]]
+
+
+def _system_ports() -> list[PortInfo]:
+    """The host's serial ports as pyserial enumerates them (sysfs only, nothing opened)."""
+    ports: list[PortInfo] = list_ports.comports()
+    return ports
+
+
+def _text(value: str | None) -> str | None:
+    """A sysfs string, bounded; empty strings count as absent."""
+    return value[:_MAX_TEXT] if value else None
+
+
+def port_observation(port: PortInfo) -> UsbObservation | None:
+    """The `add` observation for a port, or None when it carries no USB identity."""
+    if port.vid is None or port.pid is None:
+        return None
+    return UsbObservation(
+        event="add",
+        device=port.device,
+        vid=port.vid,
+        pid=port.pid,
+        serial_number=_text(port.serial_number),
+        manufacturer=_text(port.manufacturer),
+        product=_text(port.product),
+        location=_text(port.location),
+        interface=_text(port.interface),
+    )
+
+
+def enumeration_pass(
+    scope: DiscoveryScope, ports: Iterable[PortInfo], previous: Mapping[str, UsbObservation]
+) -> tuple[list[UsbObservation], dict[str, UsbObservation]]:
+    """One pass: every present in-scope port as `add`, every vanished one as `remove`, and the new state."""
+    present: dict[str, UsbObservation] = {}
+    for port in ports:
+        observation = port_observation(port)
+        if observation is not None and matches_scope(scope, observation):
+            present[observation.device] = observation
+    removed = [replace(seen, event="remove") for device, seen in previous.items() if device not in present]
+    return [*present.values(), *removed], present
+
+
+class SerialProvider:
+    """Polls `comports()` on a worker thread per session; sessions may run concurrently."""
+
+    def __init__(
+        self, poll_interval_s: float = 0.5, *, enumerate_ports: PortEnumerator | None = None
+    ) -> None:
+        if not 0 < poll_interval_s <= MAX_POLL_INTERVAL_S:
+            raise ValueError("poll_interval_s must be in (0, 1] seconds")
+        self._poll_interval_s = poll_interval_s
+        self._enumerate_ports = enumerate_ports or _system_ports
+
+    @property
+    def capabilities(self) -> ProviderCapabilities:
+        """Read-only enumeration: no backend filters, any number of sessions at once."""
+        return ProviderCapabilities(transport="usb-serial", concurrent_sessions=True)
+
+    async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> SerialSession:
+        """Start the enumeration worker for `scope`."""
+        if scope.transport != "usb-serial":
+            raise ProviderError("scope transport is not usb-serial")
+        session = SerialSession(scope, sink, self._enumerate_ports, self._poll_interval_s)
+        session.start()
+        return session
+
+
+class SerialSession:
+    """One enumeration worker; `stop()` returns once the worker thread has been joined."""
+
+    def __init__(
+        self, scope: DiscoveryScope, sink: ObservationSink, enumerate_ports: PortEnumerator, interval_s: float
+    ) -> None:
+        self._scope = scope
+        self._sink = sink
+        self._enumerate_ports = enumerate_ports
+        self._interval_s = interval_s
+        self._token = anyio.lowlevel.current_token()
+        self._halt = threading.Event()
+        self._exited = anyio.Event()
+        self._closed = False  # loop-thread flag: nothing reaches the sink once stop() began
+        self._confirmed = False
+        self._thread = threading.Thread(target=self._run, name="sensorium-usb-enumeration", daemon=True)
+
+    def start(self) -> None:
+        """Launch the worker thread."""
+        self._thread.start()
+
+    async def stop(self) -> None:
+        """Signal the worker and wait, within the scope's cleanup timeout, until its thread has ended."""
+        if self._confirmed:
+            return
+        self._closed = True
+        self._halt.set()
+        with anyio.move_on_after(self._scope.cleanup_timeout_ms / 1000):
+            await self._exited.wait()
+            while self._thread.is_alive():  # setting `_exited` is the worker's last step
+                await anyio.sleep(0.001)
+        if self._thread.is_alive():
+            raise StopUnconfirmed("usb enumeration worker did not stop within the cleanup timeout")
+        self._confirmed = True
+
+    def _run(self) -> None:
+        """Worker body: poll until halted, then tell the loop that the worker is done."""
+        try:
+            self._poll()
+        finally:
+            with contextlib.suppress(anyio.RunFinishedError):
+                anyio.from_thread.run_sync(self._exited.set, token=self._token)
+
+    def _poll(self) -> None:
+        """Enumerate, deliver, wait; until halted."""
+        previous: dict[str, UsbObservation] = {}
+        try:
+            while not self._halt.is_set():
+                batch, previous = enumeration_pass(self._scope, self._enumerate_ports(), previous)
+                anyio.from_thread.run_sync(self._deliver, batch, token=self._token)
+                self._halt.wait(self._interval_s)
+        except anyio.RunFinishedError:
+            return  # the event loop is gone; nobody is left to tell
+        except Exception:  # translated here, without the driver's (device-bearing) text
+            self._report_failure()
+
+    def _report_failure(self) -> None:
+        """Tell the sink that enumeration failed (from the worker)."""
+        error = ProviderError("usb enumeration failed")
+        with contextlib.suppress(anyio.RunFinishedError):
+            anyio.from_thread.run_sync(self._fail, error, token=self._token)
+
+    def _deliver(self, batch: Sequence[UsbObservation]) -> None:
+        """Hand one pass to the sink (loop thread)."""
+        for observation in batch:
+            if self._closed:
+                return
+            self._sink.observe(observation)
+
+    def _fail(self, error: ProviderError) -> None:
+        """Report a backend failure to the sink unless the session is already stopping (loop thread)."""
+        if not self._closed:
+            self._sink.fail(error)

@@ -1,0 +1,302 @@
+"""Real `comports()` against fake USB-serial ports, inside a private mount namespace.
+
+The host's /dev and /sys stay untouched: the scenario runs as a child process under
+`unshare --mount --propagation private`, which mounts a tmpfs holding a replacement /dev and
+/sys/class/tty (the layout pyserial's sysfs reader expects). Ports are plain files: the provider must
+never open one, and an audit hook reports any attempt.
+
+Pytest side: `namespace_prefix()` and `run_scenario()`. Namespace side: `python serial_ns.py ROOT`, with
+the scenario as JSON on stdin and the results as JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import stat
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+WORKER_THREAD = "sensorium-usb-enumeration"
+_UNSHARE_VARIANTS = (
+    ["unshare", "--mount", "--propagation", "private"],
+    ["unshare", "--user", "--map-root-user", "--mount", "--propagation", "private"],
+)
+
+
+@dataclass(frozen=True)
+class FakeUsb:
+    """Sysfs identity of one fake USB-serial port."""
+
+    bus_path: str
+    subsystem: str  # "usb-serial" (a driver like ftdi_sio) or "usb" (cdc_acm)
+    vid: int
+    pid: int
+    serial: str
+    manufacturer: str
+    product: str
+
+
+# None: a built-in UART with no USB identity, like the VM console.
+DEVICES: Mapping[str, FakeUsb | None] = {
+    "ttyS0": None,
+    "ttyUSB0": FakeUsb("1-2", "usb-serial", 0x0403, 0x6001, "A50285BI", "FTDI", "FT232R USB UART"),
+    "ttyUSB1": FakeUsb("1-4", "usb-serial", 0x0403, 0x6001, "FT9XQ2B1", "FTDI", "FT232R USB UART"),
+    "ttyACM0": FakeUsb("1-3", "usb", 0x2341, 0x0043, "85735313", "Arduino", "Arduino Uno"),
+}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Pytest side
+
+
+def namespace_prefix() -> list[str] | None:
+    """An `unshare` command line that may mount inside its namespace here, or None."""
+    if shutil.which("unshare") is None:
+        return None
+    with tempfile.TemporaryDirectory() as probe_dir:
+        for prefix in _UNSHARE_VARIANTS:
+            probe = [*prefix, "mount", "-t", "tmpfs", "sensorium-probe", probe_dir]
+            done = subprocess.run(probe, capture_output=True, timeout=10, check=False)
+            if done.returncode == 0:
+                return list(prefix)
+    return None
+
+
+def run_scenario(prefix: Sequence[str], scenario: Mapping[str, Any], root: Path) -> dict[str, Any]:
+    """Run `scenario` in a fresh private mount namespace rooted at `root`; return its JSON results."""
+    root.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    command = [*prefix, sys.executable, "-W", "error", str(Path(__file__).resolve()), str(root)]
+    done = subprocess.run(
+        command, input=json.dumps(scenario), capture_output=True, text=True, timeout=60, env=env, check=False
+    )
+    if done.returncode != 0:
+        raise AssertionError(f"namespace scenario failed ({done.returncode}):\n{done.stderr}")
+    result: dict[str, Any] = json.loads(done.stdout)
+    return result
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Namespace side
+
+
+def _mount(*args: str | Path) -> None:
+    subprocess.run(["mount", *map(str, args)], check=True, capture_output=True)
+
+
+def build_fake_system(root: Path) -> None:
+    """Mount a tmpfs at `root` and lay it over /dev and /sys/class/tty (this namespace only)."""
+    _mount("-t", "tmpfs", "sensorium-fake", root)
+    dev = root / "dev"
+    dev.mkdir()
+    for name in ("null", "zero", "full", "random", "urandom"):
+        (dev / name).touch()
+        _mount("--bind", f"/dev/{name}", dev / name)
+    (dev / "fd").symlink_to("/proc/self/fd")
+    for number, name in enumerate(("stdin", "stdout", "stderr")):
+        (dev / name).symlink_to(f"/proc/self/fd/{number}")
+    (root / "sys" / "class" / "tty").mkdir(parents=True)
+    _mount("--rbind", dev, "/dev")
+    _mount("--bind", root / "sys" / "class" / "tty", "/sys/class/tty")
+
+
+def _sysfs_device_dir(root: Path, name: str) -> Path:
+    spec = DEVICES[name]
+    if spec is None:
+        return root / "sys" / "devices" / "pnp0" / "00:00" / "00:00:0" / "00:00:0.0"
+    return root / "sys" / "devices" / "pci0000:00" / "0000:00:14.0" / "usb1" / spec.bus_path
+
+
+def _bus(root: Path, subsystem: str) -> Path:
+    bus = root / "sys" / "bus" / subsystem
+    bus.mkdir(parents=True, exist_ok=True)
+    return bus
+
+
+def add_device(root: Path, name: str) -> None:
+    """Create the sysfs entries of a port first, then its /dev node (so a visible node is complete)."""
+    spec = DEVICES[name]
+    device_dir = _sysfs_device_dir(root, name)
+    class_dir = root / "sys" / "class" / "tty" / name
+    class_dir.mkdir(parents=True)
+    if spec is None:
+        device_dir.mkdir(parents=True)
+        (device_dir / "subsystem").symlink_to(_bus(root, "serial-base"))
+        (class_dir / "device").symlink_to(device_dir)
+    else:
+        _add_usb_sysfs(root, name, spec, device_dir, class_dir)
+    os.mknod(Path("/dev", name), 0o600 | stat.S_IFREG)  # mknod, not open: the audit hook stays quiet
+
+
+def _add_usb_sysfs(root: Path, name: str, spec: FakeUsb, device_dir: Path, class_dir: Path) -> None:
+    interface_dir = device_dir / f"{spec.bus_path}:1.0"
+    interface_dir.mkdir(parents=True)
+    for attribute, value in (
+        ("idVendor", f"{spec.vid:04x}"),
+        ("idProduct", f"{spec.pid:04x}"),
+        ("serial", spec.serial),
+        ("manufacturer", spec.manufacturer),
+        ("product", spec.product),
+        ("bNumInterfaces", " 1"),
+    ):
+        (device_dir / attribute).write_text(value + "\n")
+    if spec.subsystem == "usb-serial":  # the tty is a child of the interface
+        tty_dir = interface_dir / name
+        tty_dir.mkdir()
+        (tty_dir / "subsystem").symlink_to(_bus(root, "usb-serial"))
+        (class_dir / "device").symlink_to(tty_dir)
+    else:  # cdc_acm: the tty's device is the interface itself, which names itself
+        (interface_dir / "interface").write_text(spec.product + "\n")
+        (interface_dir / "subsystem").symlink_to(_bus(root, "usb"))
+        (class_dir / "device").symlink_to(interface_dir)
+
+
+def remove_device(root: Path, name: str) -> None:
+    """Remove the /dev node first, then its sysfs entries."""
+    Path("/dev", name).unlink()
+    shutil.rmtree(root / "sys" / "class" / "tty" / name)
+    shutil.rmtree(_sysfs_device_dir(root, name))
+
+
+class _JsonSink:
+    """Records observations with their time and the thread that delivered them."""
+
+    def __init__(self, t0: float) -> None:
+        self._t0 = t0
+        self.events: list[dict[str, Any]] = []
+        self.failures: list[str] = []
+        self.threads: set[int] = set()
+
+    def observe(self, observation: Any) -> None:
+        self.threads.add(threading.get_ident())
+        self.events.append(
+            {
+                "t": round(time.monotonic() - self._t0, 3),
+                "event": observation.event,
+                "device": observation.device,
+                "vid": observation.vid,
+                "pid": observation.pid,
+                "serial_number": observation.serial_number,
+                "manufacturer": observation.manufacturer,
+                "product": observation.product,
+                "location": observation.location,
+                "interface": observation.interface,
+            }
+        )
+
+    def fail(self, error: Any) -> None:
+        self.failures.append(error.code)
+
+
+def _scope(spec: Mapping[str, Any]) -> Any:
+    from connector.core.scope import DiscoveryScope, ScopeFilter
+
+    def scope_filter(raw: Mapping[str, Any]) -> ScopeFilter:
+        return ScopeFilter(
+            vid_pid=tuple((vid, pid) for vid, pid in raw.get("vid_pid", ())),
+            serial_numbers=tuple(raw.get("serial_numbers", ())),
+        )
+
+    exclusions = spec.get("exclusions")
+    return DiscoveryScope(
+        transport="usb-serial",
+        window_seconds=10,
+        max_candidates=64,
+        max_snapshot_bytes=65536,
+        filters=scope_filter(spec.get("filters", {})),
+        exclusions=None if exclusions is None else scope_filter(exclusions),
+        cleanup_timeout_ms=spec.get("cleanup_timeout_ms", 2000),
+    )
+
+
+def _workers() -> int:
+    return sum(1 for thread in threading.enumerate() if thread.name == WORKER_THREAD)
+
+
+async def _play(root: Path, scenario: Mapping[str, Any], opened: list[str]) -> dict[str, Any]:
+    """Start one session per scope, play the device steps, stop, and check that nothing follows."""
+    import anyio
+    from serial.tools import list_ports
+
+    from providers.serial import SerialProvider
+
+    for name in scenario["initial"]:
+        add_device(root, name)
+    listed = sorted(port.device for port in list_ports.comports())
+    provider = SerialProvider(poll_interval_s=scenario["poll_interval_s"])
+    t0 = time.monotonic()
+    sinks = {name: _JsonSink(t0) for name in scenario["sessions"]}
+    sessions = {
+        name: await provider.start(_scope(spec), sinks[name]) for name, spec in scenario["sessions"].items()
+    }
+    steps: list[dict[str, Any]] = []
+    for step in scenario["steps"]:
+        await anyio.sleep(max(0.0, t0 + step["at_s"] - time.monotonic()))
+        (add_device if step["action"] == "add" else remove_device)(root, step["device"])
+        steps.append({**step, "t": round(time.monotonic() - t0, 3)})
+    await anyio.sleep(max(0.0, t0 + scenario["window_s"] - time.monotonic()))
+    workers_during = _workers()
+    stop_ms = {}
+    for name, session in sessions.items():
+        started = time.monotonic()
+        await session.stop()
+        stop_ms[name] = round((time.monotonic() - started) * 1000, 1)
+        await session.stop()  # idempotent
+    counts_at_stop = {name: len(sink.events) for name, sink in sinks.items()}
+    for name in scenario["after_stop"]:
+        (remove_device if Path("/dev", name).exists() else add_device)(root, name)
+    await anyio.sleep(3 * scenario["poll_interval_s"])
+    opened_by_provider = list(opened)
+    with open("/dev/ttyS0", "rb"):  # control: the audit hook does see an open
+        hook_saw_control_open = opened[len(opened_by_provider) :] == ["/dev/ttyS0"]
+    return {
+        "listed": listed,
+        "steps": steps,
+        "sessions": {name: sink.events for name, sink in sinks.items()},
+        "failures": {name: sink.failures for name, sink in sinks.items()},
+        "delivered_on_loop_thread": all(sink.threads <= {threading.get_ident()} for sink in sinks.values()),
+        "workers_during": workers_during,
+        "workers_after": _workers(),
+        "stop_ms": stop_ms,
+        "late_events": {name: len(sink.events) - counts_at_stop[name] for name, sink in sinks.items()},
+        "opened": opened_by_provider,
+        "hook_saw_control_open": hook_saw_control_open,
+    }
+
+
+def _record_tty_opens(opened: list[str]) -> None:
+    """Audit every open of a /dev/tty* path in this process (the provider must make none)."""
+
+    def hook(event: str, args: tuple[Any, ...]) -> None:
+        if event == "open" and args and isinstance(args[0], str | bytes):
+            path = os.fsdecode(args[0])
+            if path.startswith("/dev/tty"):
+                opened.append(path)
+
+    sys.addaudithook(hook)
+
+
+def main(root: Path) -> None:
+    """Namespace entry point."""
+    import anyio
+
+    scenario = json.load(sys.stdin)
+    opened: list[str] = []
+    _record_tty_opens(opened)
+    build_fake_system(root)
+    result = anyio.run(_play, root, scenario, opened)
+    json.dump(result, sys.stdout)
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,151 @@
+"""The USB/serial provider against real pyserial `comports()` over fake sysfs ports (private mount ns).
+
+One scenario runs once for the module: five concurrent sessions with different scopes watch ttyS0 (no USB
+identity), ttyUSB0 (0403:6001) and ttyACM0 (2341:0043); ttyUSB1 (0403:6001) is plugged in and ttyUSB0
+pulled out during the window.
+"""
+
+from __future__ import annotations
+
+import itertools
+from pathlib import Path
+from typing import Any
+
+import pytest
+from serial_ns import namespace_prefix, run_scenario
+
+POLL_S = 0.2
+ADD_AT_S, REMOVE_AT_S, WINDOW_S = 0.9, 1.8, 2.7
+FTDI, ARDUINO = [0x0403, 0x6001], [0x2341, 0x0043]
+
+SCENARIO: dict[str, Any] = {
+    "poll_interval_s": POLL_S,
+    "window_s": WINDOW_S,
+    "initial": ["ttyS0", "ttyUSB0", "ttyACM0"],
+    "steps": [
+        {"at_s": ADD_AT_S, "action": "add", "device": "ttyUSB1"},
+        {"at_s": REMOVE_AT_S, "action": "remove", "device": "ttyUSB0"},
+    ],
+    "sessions": {
+        "vid_pid": {"filters": {"vid_pid": [FTDI]}},
+        "serial": {"filters": {"serial_numbers": ["85735313"]}},
+        "exclude_serial": {
+            "filters": {"vid_pid": [FTDI, ARDUINO]},
+            "exclusions": {"serial_numbers": ["A50285BI"]},
+        },
+        "exclude_vid_pid": {"filters": {"vid_pid": [FTDI, ARDUINO]}, "exclusions": {"vid_pid": [ARDUINO]}},
+        "unfiltered": {"filters": {}},
+    },
+    # Plugged in and pulled out after every session stopped: nobody may hear of them.
+    "after_stop": ["ttyUSB0", "ttyACM0"],
+}
+
+
+@pytest.fixture(scope="module")
+def outcome(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The scenario's results, or a skip when this machine forbids mount namespaces."""
+    prefix = namespace_prefix()
+    if prefix is None:
+        pytest.skip("unshare --mount is unavailable or not permitted here (as root or in a user namespace)")
+    return run_scenario(prefix, SCENARIO, tmp_path_factory.mktemp("serial-ns") / "root")
+
+
+def devices(outcome: dict[str, Any], session: str, event: str | None = None) -> set[str]:
+    """Device paths a session reported (optionally for one event kind)."""
+    return {e["device"] for e in outcome["sessions"][session] if event is None or e["event"] == event}
+
+
+def times(outcome: dict[str, Any], session: str, device: str, event: str) -> list[float]:
+    """When a session reported `event` for `device`."""
+    return [e["t"] for e in outcome["sessions"][session] if e["device"] == device and e["event"] == event]
+
+
+def test_the_fake_system_lists_the_console_port_and_usb_ports(outcome: dict[str, Any]) -> None:
+    assert outcome["listed"] == ["/dev/ttyACM0", "/dev/ttyS0", "/dev/ttyUSB0"]
+
+
+def test_vid_pid_filter_reports_only_matching_ports(outcome: dict[str, Any]) -> None:
+    assert devices(outcome, "vid_pid") == {"/dev/ttyUSB0", "/dev/ttyUSB1"}
+    first = next(e for e in outcome["sessions"]["vid_pid"] if e["device"] == "/dev/ttyUSB0")
+    assert first == {
+        "t": first["t"],
+        "event": "add",
+        "device": "/dev/ttyUSB0",
+        "vid": 0x0403,
+        "pid": 0x6001,
+        "serial_number": "A50285BI",
+        "manufacturer": "FTDI",
+        "product": "FT232R USB UART",
+        "location": "1-2",
+        "interface": None,
+    }
+
+
+def test_serial_number_filter(outcome: dict[str, Any]) -> None:
+    assert devices(outcome, "serial") == {"/dev/ttyACM0"}
+    acm = outcome["sessions"]["serial"][0]
+    assert (acm["vid"], acm["pid"], acm["product"], acm["interface"]) == (
+        0x2341,
+        0x0043,
+        "Arduino Uno",
+        "Arduino Uno",
+    )
+
+
+def test_exclusions_drop_matching_ports_and_their_removals(outcome: dict[str, Any]) -> None:
+    assert devices(outcome, "exclude_serial") == {"/dev/ttyACM0", "/dev/ttyUSB1"}
+    assert devices(outcome, "exclude_vid_pid") == {"/dev/ttyUSB0", "/dev/ttyUSB1"}
+    assert devices(outcome, "exclude_vid_pid", "remove") == {"/dev/ttyUSB0"}
+
+
+def test_console_port_is_never_matched_even_unfiltered(outcome: dict[str, Any]) -> None:
+    assert devices(outcome, "unfiltered") == {"/dev/ttyUSB0", "/dev/ttyACM0", "/dev/ttyUSB1"}
+    for events in outcome["sessions"].values():
+        assert all(e["device"] != "/dev/ttyS0" for e in events)
+
+
+def test_no_port_is_ever_opened(outcome: dict[str, Any]) -> None:
+    assert outcome["opened"] == []
+    assert outcome["hook_saw_control_open"] is True
+
+
+def test_present_port_is_reported_again_at_every_pass(outcome: dict[str, Any]) -> None:
+    seen = times(outcome, "vid_pid", "/dev/ttyUSB0", "add")
+    assert len(seen) >= (REMOVE_AT_S / POLL_S) - 3
+    gaps = [later - earlier for earlier, later in itertools.pairwise(seen)]
+    assert max(gaps) < 1.0  # SPEC 6.5: passes at most 1 s apart
+
+
+def test_port_plugged_in_during_the_window_is_added(outcome: dict[str, Any]) -> None:
+    added_at = outcome["steps"][0]["t"]
+    seen = times(outcome, "vid_pid", "/dev/ttyUSB1", "add")
+    assert seen and min(seen) >= added_at
+    assert min(seen) - added_at < 1.0
+    assert len(seen) >= 2
+
+
+def test_port_pulled_out_during_the_window_is_removed_once(outcome: dict[str, Any]) -> None:
+    removed_at = outcome["steps"][1]["t"]
+    removals = times(outcome, "vid_pid", "/dev/ttyUSB0", "remove")
+    assert len(removals) == 1
+    assert removed_at <= removals[0] < removed_at + 1.0
+    assert all(t < removals[0] for t in times(outcome, "vid_pid", "/dev/ttyUSB0", "add"))
+    gone = next(e for e in outcome["sessions"]["vid_pid"] if e["event"] == "remove")
+    assert (gone["vid"], gone["pid"], gone["serial_number"]) == (0x0403, 0x6001, "A50285BI")
+
+
+def test_observations_are_delivered_on_the_event_loop_thread(outcome: dict[str, Any]) -> None:
+    assert outcome["delivered_on_loop_thread"] is True
+    assert outcome["failures"] == {name: [] for name in SCENARIO["sessions"]}
+
+
+def test_stop_joins_every_worker_and_nothing_follows(outcome: dict[str, Any]) -> None:
+    assert outcome["workers_during"] == len(SCENARIO["sessions"])
+    assert outcome["workers_after"] == 0
+    assert all(ms < 2000 for ms in outcome["stop_ms"].values())
+    assert outcome["late_events"] == {name: 0 for name in SCENARIO["sessions"]}
+
+
+def test_scenario_runs_in_its_own_namespace_only(outcome: dict[str, Any]) -> None:
+    assert not Path("/dev/ttyUSB1").exists()
+    assert not Path("/sys/class/tty/ttyUSB1").exists()

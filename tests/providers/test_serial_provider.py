@@ -1,0 +1,239 @@
+"""The USB/serial provider in-process: the pass diff, the worker lifecycle, refusals and failures."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import anyio
+import pytest
+from serial.tools import list_ports
+
+from connector.core.observations import Observation, UsbObservation
+from connector.core.scope import DiscoveryScope, ScopeFilter
+from connector.errors import ProviderError, StopUnconfirmed
+from providers.serial import PortInfo, SerialProvider, enumeration_pass, port_observation
+
+WORKER = "sensorium-usb-enumeration"
+FTDI, ARDUINO = (0x0403, 0x6001), (0x2341, 0x0043)
+
+
+@dataclass
+class Port:
+    """A stand-in for pyserial's ListPortInfo."""
+
+    device: str
+    vid: int | None = None
+    pid: int | None = None
+    serial_number: str | None = None
+    manufacturer: str | None = None
+    product: str | None = None
+    location: str | None = None
+    interface: str | None = None
+
+
+CONSOLE = Port("/dev/ttyS0")
+USB0 = Port("/dev/ttyUSB0", *FTDI, serial_number="A50285BI", product="FT232R USB UART", location="1-2")
+ACM0 = Port("/dev/ttyACM0", *ARDUINO, serial_number="85735313", product="Arduino Uno", location="1-3")
+
+
+def usb_scope(
+    filters: ScopeFilter | None = None, exclusions: ScopeFilter | None = None, cleanup_timeout_ms: int = 2000
+) -> DiscoveryScope:
+    """An admitted usb-serial scope."""
+    return DiscoveryScope(
+        transport="usb-serial",
+        window_seconds=5,
+        max_candidates=64,
+        max_snapshot_bytes=65536,
+        filters=filters or ScopeFilter(),
+        exclusions=exclusions,
+        cleanup_timeout_ms=cleanup_timeout_ms,
+    )
+
+
+class Sink:
+    """Records observations, failures and the delivering thread."""
+
+    def __init__(self) -> None:
+        self.observations: list[UsbObservation] = []
+        self.failures: list[ProviderError] = []
+        self.threads: set[int] = set()
+
+    def observe(self, observation: Observation) -> None:
+        assert isinstance(observation, UsbObservation)
+        self.threads.add(threading.get_ident())
+        self.observations.append(observation)
+
+    def fail(self, error: ProviderError) -> None:
+        self.threads.add(threading.get_ident())
+        self.failures.append(error)
+
+
+def workers() -> int:
+    """Enumeration worker threads alive now."""
+    return sum(1 for thread in threading.enumerate() if thread.name == WORKER)
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_workers() -> Iterator[None]:
+    """Every test must leave no enumeration worker behind."""
+    before = workers()
+    yield
+    assert workers() == before
+
+
+async def wait_until(predicate: Callable[[], bool], timeout_s: float = 3.0) -> None:
+    """Poll `predicate()` until true, bounded."""
+    with anyio.fail_after(timeout_s):
+        while not predicate():
+            await anyio.sleep(0.01)
+
+
+# -- the pure diff ------------------------------------------------------------------------------------------
+
+
+def test_port_without_usb_identity_is_no_observation() -> None:
+    assert port_observation(CONSOLE) is None
+    assert port_observation(Port("/dev/ttyUSB9", vid=0x0403)) is None
+
+
+def test_pass_reports_present_ports_as_add_and_vanished_ones_as_remove() -> None:
+    scope = usb_scope(ScopeFilter(vid_pid=(FTDI, ARDUINO)))
+    first, state = enumeration_pass(scope, [CONSOLE, USB0, ACM0], {})
+    assert [(o.event, o.device) for o in first] == [("add", "/dev/ttyUSB0"), ("add", "/dev/ttyACM0")]
+    again, state = enumeration_pass(scope, [CONSOLE, USB0, ACM0], state)
+    assert [(o.event, o.device) for o in again] == [("add", "/dev/ttyUSB0"), ("add", "/dev/ttyACM0")]
+    after, state = enumeration_pass(scope, [CONSOLE, ACM0], state)
+    assert [(o.event, o.device) for o in after] == [("add", "/dev/ttyACM0"), ("remove", "/dev/ttyUSB0")]
+    removed = after[1]
+    assert isinstance(removed, UsbObservation)
+    assert (removed.vid, removed.pid, removed.serial_number) == (*FTDI, "A50285BI")
+    quiet, state = enumeration_pass(scope, [CONSOLE, ACM0], state)
+    assert [(o.event, o.device) for o in quiet] == [("add", "/dev/ttyACM0")]
+    assert set(state) == {"/dev/ttyACM0"}
+
+
+def test_pass_filters_before_anything_is_remembered() -> None:
+    scope = usb_scope(ScopeFilter(vid_pid=(FTDI,)), exclusions=ScopeFilter(serial_numbers=("A50285BI",)))
+    batch, state = enumeration_pass(scope, [CONSOLE, USB0, ACM0], {})
+    assert batch == [] and state == {}
+
+
+def test_unfiltered_pass_still_drops_the_console_port() -> None:
+    batch, _ = enumeration_pass(usb_scope(), [CONSOLE, USB0], {})
+    assert [o.device for o in batch] == ["/dev/ttyUSB0"]
+
+
+def test_long_sysfs_strings_are_bounded_and_empty_ones_absent() -> None:
+    observation = port_observation(Port("/dev/ttyUSB0", *FTDI, product="x" * 1000, manufacturer=""))
+    assert observation is not None
+    assert observation.product == "x" * 256
+    assert observation.manufacturer is None
+
+
+# -- the provider -------------------------------------------------------------------------------------------
+
+
+def test_capabilities_declare_read_only_concurrent_enumeration() -> None:
+    caps = SerialProvider().capabilities
+    assert caps.transport == "usb-serial"
+    assert caps.backend_filters == frozenset()
+    assert caps.concurrent_sessions is True
+
+
+@pytest.mark.parametrize("interval", [0.0, -1.0, 1.5])
+def test_poll_interval_must_be_positive_and_at_most_one_second(interval: float) -> None:
+    with pytest.raises(ValueError):
+        SerialProvider(poll_interval_s=interval)
+
+
+@pytest.mark.asyncio
+async def test_start_refuses_a_scope_of_another_transport() -> None:
+    scope = DiscoveryScope("mdns", 5, 64, 65536, ScopeFilter(service_types=("_http._tcp.local.",)))
+    with pytest.raises(ProviderError):
+        await SerialProvider().start(scope, Sink())
+    assert workers() == 0
+
+
+@pytest.mark.asyncio
+async def test_session_polls_delivers_on_the_loop_thread_and_stop_joins_the_worker() -> None:
+    ports: list[PortInfo] = [CONSOLE, USB0, ACM0]
+    passes = 0
+
+    def enumerate_ports() -> list[PortInfo]:
+        nonlocal passes
+        passes += 1
+        return list(ports)
+
+    sink = Sink()
+    threads_before = threading.active_count()
+    provider = SerialProvider(poll_interval_s=0.05, enumerate_ports=enumerate_ports)
+    session = await provider.start(usb_scope(ScopeFilter(vid_pid=(FTDI,))), sink)
+    await wait_until(lambda: len(sink.observations) >= 3)
+    ports.remove(USB0)
+    await wait_until(lambda: any(o.event == "remove" for o in sink.observations))
+    await session.stop()
+    delivered, polled = len(sink.observations), passes
+    await anyio.sleep(0.2)
+    assert (len(sink.observations), passes) == (delivered, polled)  # joined: no pass after stop
+    assert threading.active_count() == threads_before  # no helper thread left behind either
+    assert {o.device for o in sink.observations} == {"/dev/ttyUSB0"}
+    assert sink.threads == {threading.get_ident()}
+    await session.stop()  # idempotent
+
+
+@pytest.mark.asyncio
+async def test_stop_unconfirmed_while_the_worker_is_stuck_then_confirmed_on_retry() -> None:
+    entered, release = threading.Event(), threading.Event()
+
+    def stuck_enumeration() -> list[PortInfo]:
+        entered.set()
+        release.wait(10)
+        return []
+
+    provider = SerialProvider(enumerate_ports=stuck_enumeration)
+    session = await provider.start(usb_scope(cleanup_timeout_ms=200), Sink())
+    await wait_until(entered.is_set)
+    started = time.monotonic()
+    with pytest.raises(StopUnconfirmed) as unconfirmed:
+        await session.stop()
+    assert 0.15 < time.monotonic() - started < 1.0
+    assert unconfirmed.value.code == "cleanup-unconfirmed"
+    assert workers() == 1
+    release.set()
+    await session.stop()
+    assert workers() == 0
+
+
+@pytest.mark.asyncio
+async def test_enumeration_failure_reaches_the_sink_without_driver_text() -> None:
+    canary = "/dev/ttyUSB7 serial CANARY-5c1f"
+
+    def broken() -> list[PortInfo]:
+        raise OSError(canary)
+
+    sink = Sink()
+    session = await SerialProvider(enumerate_ports=broken).start(usb_scope(), sink)
+    await wait_until(lambda: bool(sink.failures))
+    await session.stop()
+    [failure] = sink.failures
+    assert type(failure) is ProviderError
+    assert failure.code == "provider-failure"
+    assert "CANARY" not in str(failure) and failure.__cause__ is None and failure.__context__ is None
+    assert sink.observations == []
+
+
+@pytest.mark.asyncio
+async def test_real_host_enumeration_never_reports_ports_without_usb_identity() -> None:
+    host_ports = list_ports.comports()
+    sink = Sink()
+    session = await SerialProvider(poll_interval_s=0.05).start(usb_scope(), sink)
+    await anyio.sleep(0.2)
+    await session.stop()
+    reported = {o.device for o in sink.observations}
+    assert not reported & {p.device for p in host_ports if p.vid is None}
+    assert all(o.vid is not None for o in sink.observations)
+    assert sink.failures == []
