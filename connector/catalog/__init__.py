@@ -1,1 +1,1 @@
-"""catalog."""
+"""The signed action catalog: operator keys, signing and verification (pure), rollback state and loading."""

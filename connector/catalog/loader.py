@@ -1,0 +1,85 @@
+"""Load `CATALOG` and `CATALOG.sig` from disk, verify them, and raise the rollback floor on acceptance."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Any, NoReturn
+
+from connector.catalog.keys import load_trusted_keys
+from connector.catalog.signing import MALFORMED, VerifiedCatalog, verify_catalog
+from connector.catalog.state import highest_accepted_version, record_accepted_version
+from connector.errors import CatalogError
+
+SIGNATURE_SUFFIX = ".sig"
+# Far above 64 actions of bounded strings; a larger file is not a catalog.
+MAX_FILE_BYTES = 1024 * 1024
+MISSING = "catalog-missing"
+UNSIGNED = "catalog-unsigned"
+UNREADABLE = "catalog-unreadable"
+
+
+def signature_path_for(catalog_path: Path) -> Path:
+    """`CATALOG.sig` beside `CATALOG`."""
+    return catalog_path.with_name(catalog_path.name + SIGNATURE_SUFFIX)
+
+
+def load_verified_catalog(
+    catalog_path: Path, *, trust_dir: Path, data_dir: Path | None, now: datetime
+) -> VerifiedCatalog:
+    """The verified catalog at `catalog_path`; records its version under `data_dir` when given."""
+    catalog_doc = read_json_document(catalog_path, missing_code=MISSING)
+    signature_doc = read_json_document(signature_path_for(catalog_path), missing_code=UNSIGNED)
+    trusted_keys = load_trusted_keys(trust_dir)
+    floor = _rollback_floor(data_dir, _claimed_id(catalog_doc))
+    verified = verify_catalog(
+        catalog_doc, signature_doc, trusted_keys, now=now, highest_accepted_version=floor
+    )
+    if data_dir is not None:
+        record_accepted_version(data_dir, verified.catalog_id, verified.version)
+    return verified
+
+
+def read_json_document(path: Path, *, missing_code: str) -> Any:
+    """One strict JSON document (UTF-8, no duplicate keys, no NaN) or a `CatalogError`."""
+    try:
+        with path.open("rb") as handle:
+            data = handle.read(MAX_FILE_BYTES + 1)
+    except FileNotFoundError:
+        raise CatalogError(f"{path} does not exist", code=missing_code) from None
+    except OSError:
+        raise CatalogError(f"cannot read {path}", code=UNREADABLE) from None
+    if len(data) > MAX_FILE_BYTES:
+        raise CatalogError(f"{path} is larger than {MAX_FILE_BYTES} bytes", code=MALFORMED)
+    try:
+        return json.loads(data.decode("utf-8"), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
+    except (ValueError, RecursionError):
+        # JSON errors quote document text; report the file only.
+        raise CatalogError(f"{path} is not a well-formed JSON document", code=MALFORMED) from None
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose keys are all distinct (RFC 8785 has no answer for duplicates)."""
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        raise ValueError("duplicate key")
+    return document
+
+
+def _no_constant(_: str) -> NoReturn:
+    """NaN and Infinity are not JSON."""
+    raise ValueError("non-standard constant")
+
+
+def _rollback_floor(data_dir: Path | None, catalog_id: str | None) -> int | None:
+    """The highest accepted version recorded for this catalog id, if there is a data dir."""
+    if data_dir is None or catalog_id is None:
+        return None
+    return highest_accepted_version(data_dir, catalog_id)
+
+
+def _claimed_id(catalog_doc: Any) -> str | None:
+    """The `catalog/id` the document claims, before verification, to look up its rollback floor."""
+    claimed = catalog_doc.get("catalog/id") if isinstance(catalog_doc, dict) else None
+    return claimed if isinstance(claimed, str) else None
