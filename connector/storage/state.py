@@ -1,0 +1,329 @@
+"""Durable connector state: bindings and command operations (`<data-dir>/modules/sensorium-os/state.sqlite`).
+
+Rules of this file:
+- only bindings (SPEC 6.6: id, owner, transport, address, bound_at - no candidate ref, no label) and command
+  operations are stored; discovery candidates never reach this database;
+- a forgotten binding is erased: a real DELETE under `secure_delete`, then a truncating WAL checkpoint so
+  that no copy of the row stays in the WAL file either;
+- a command's input is kept only while its work is pending or running and cleared at the terminal state;
+- one connection; every write goes through one lock and commits before the caller sees the change.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Literal
+
+import aiosqlite
+import anyio
+
+from connector.errors import SensoriumError
+
+STATE_RELATIVE_PATH = Path("modules") / "sensorium-os" / "state.sqlite"
+
+# Append only: migration N (1-based) moves `user_version` from N-1 to N.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE bindings (
+        binding_id TEXT PRIMARY KEY,
+        owner      TEXT NOT NULL,
+        transport  TEXT NOT NULL,
+        address    TEXT NOT NULL,
+        bound_at   TEXT NOT NULL
+    );
+    CREATE TABLE command_operations (
+        operation_id   TEXT PRIMARY KEY,
+        owner          TEXT NOT NULL,
+        action_id      TEXT NOT NULL,
+        mode           TEXT NOT NULL CHECK (mode IN ('sync', 'async')),
+        status         TEXT NOT NULL,
+        created_at     TEXT NOT NULL,
+        updated_at     TEXT NOT NULL,
+        expires_at     TEXT NOT NULL,
+        input_json     TEXT,
+        result_json    TEXT,
+        error_code     TEXT,
+        cancelable     INTEGER NOT NULL,
+        idempotency_fp TEXT,
+        causal_context_json TEXT
+    );
+    CREATE INDEX command_operations_status ON command_operations (status);
+    """,
+)
+
+Mode = Literal["sync", "async"]
+
+
+def format_time(moment: datetime) -> str:
+    """RFC 3339 UTC with `Z`, whole milliseconds."""
+    utc = moment.astimezone(UTC)
+    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
+
+
+def parse_time(text: str) -> datetime:
+    """The inverse of `format_time`."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@dataclass(frozen=True, slots=True)
+class Binding:
+    """A durable binding (SPEC 6.8): the only stored thing that holds a transport address."""
+
+    binding_id: str
+    owner: str
+    transport: str
+    address: str
+    bound_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class CommandOperation:
+    """One command action's operation row; statuses are `connector.core.lifecycle.Status` values."""
+
+    operation_id: str
+    owner: str
+    action_id: str
+    mode: Mode
+    status: str
+    created_at: datetime
+    updated_at: datetime
+    expires_at: datetime
+    cancelable: bool
+    input_json: str | None = None
+    result_json: str | None = None
+    error_code: str | None = None
+    idempotency_fp: str | None = None
+    causal_context_json: str | None = None
+
+    @property
+    def result(self) -> Any:
+        """The decoded `result.json` value (None when there is none)."""
+        return None if self.result_json is None else json.loads(self.result_json)
+
+
+_OPERATION_COLUMNS = (
+    "operation_id, owner, action_id, mode, status, created_at, updated_at, expires_at, input_json, "
+    "result_json, error_code, cancelable, idempotency_fp, causal_context_json"
+)
+
+
+class ConnectorState:
+    """The connector's SQLite store (use `await ConnectorState.open(data_dir)` or `async with`)."""
+
+    def __init__(self, connection: aiosqlite.Connection, path: Path) -> None:
+        self._db = connection
+        self._lock = anyio.Lock()
+        self.path = path
+
+    @classmethod
+    async def open(cls, data_dir: Path) -> ConnectorState:
+        """Open (creating and migrating) the state database under `data_dir`."""
+        path = Path(data_dir) / STATE_RELATIVE_PATH
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # SQLite gives the -wal and -shm files the mode of the database file, so 0600 covers all three.
+        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
+        connection = await aiosqlite.connect(path, isolation_level=None)
+        state = cls(connection, path)
+        try:
+            await state._configure()
+            await state._migrate()
+        except BaseException:
+            await connection.close()
+            raise
+        return state
+
+    async def __aenter__(self) -> ConnectorState:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Checkpoint the WAL into the database file and close the connection."""
+        async with self._lock:
+            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            await self._db.close()
+
+    async def pragma(self, name: str) -> Any:
+        """Read one PRAGMA value (for health checks and tests)."""
+        if not name.isidentifier():
+            raise SensoriumError("pragma name is malformed", code="internal")
+        async with self._db.execute(f"PRAGMA {name}") as cursor:
+            row = await cursor.fetchone()
+        return None if row is None else row[0]
+
+    async def checkpoint(self) -> None:
+        """Copy the WAL into the database file and truncate the WAL to zero bytes."""
+        async with self._lock:
+            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    # -- bindings -------------------------------------------------------------------------------------
+
+    async def insert_binding(self, binding: Binding) -> None:
+        """Store a new binding; `internal` if the id already exists (ids are random)."""
+        sql = "INSERT INTO bindings (binding_id, owner, transport, address, bound_at) VALUES (?, ?, ?, ?, ?)"
+        params = (
+            binding.binding_id,
+            binding.owner,
+            binding.transport,
+            binding.address,
+            format_time(binding.bound_at),
+        )
+        try:
+            await self._write(sql, params)
+        except aiosqlite.IntegrityError as error:
+            raise SensoriumError("binding id already exists", code="internal") from error
+
+    async def get_binding(self, binding_id: str) -> Binding | None:
+        """The binding with this id, or None."""
+        sql = "SELECT binding_id, owner, transport, address, bound_at FROM bindings WHERE binding_id = ?"
+        async with self._db.execute(sql, (binding_id,)) as cursor:
+            row = await cursor.fetchone()
+        if row is None:
+            return None
+        return Binding(row[0], row[1], row[2], row[3], parse_time(row[4]))
+
+    async def delete_binding(self, binding_id: str) -> bool:
+        """Erase a binding (secure delete + WAL truncation); True when one existed."""
+        async with self._lock:
+            cursor = await self._db.execute("DELETE FROM bindings WHERE binding_id = ?", (binding_id,))
+            deleted = cursor.rowcount > 0
+            await cursor.close()
+            if deleted:
+                await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        return deleted
+
+    # -- command operations ---------------------------------------------------------------------------
+
+    async def insert_operation(self, operation: CommandOperation) -> None:
+        """Store a new command operation; `internal` if the id already exists."""
+        sql = f"INSERT INTO command_operations ({_OPERATION_COLUMNS}) VALUES ({', '.join('?' * 14)})"
+        try:
+            await self._write(sql, _operation_row(operation))
+        except aiosqlite.IntegrityError as error:
+            raise SensoriumError("operation id already exists", code="internal") from error
+
+    async def update_operation(self, operation: CommandOperation) -> None:
+        """Replace the mutable fields of an existing operation row."""
+        sql = (
+            "UPDATE command_operations SET status = ?, updated_at = ?, input_json = ?, result_json = ?, "
+            "error_code = ? WHERE operation_id = ?"
+        )
+        params = (
+            operation.status,
+            format_time(operation.updated_at),
+            operation.input_json,
+            operation.result_json,
+            operation.error_code,
+            operation.operation_id,
+        )
+        if await self._write(sql, params) != 1:
+            raise SensoriumError("no such operation", code="unknown-operation")
+
+    async def get_operation(self, operation_id: str) -> CommandOperation | None:
+        """The operation row with this id, or None."""
+        sql = f"SELECT {_OPERATION_COLUMNS} FROM command_operations WHERE operation_id = ?"
+        async with self._db.execute(sql, (operation_id,)) as cursor:
+            row = await cursor.fetchone()
+        return None if row is None else _operation_from_row(tuple(row))
+
+    async def list_operations(self, statuses: Iterable[str] | None = None) -> list[CommandOperation]:
+        """Operation rows, optionally only those in `statuses`, oldest first."""
+        sql = f"SELECT {_OPERATION_COLUMNS} FROM command_operations"
+        wanted = tuple(statuses) if statuses is not None else None
+        params: tuple[str, ...] = ()
+        if wanted is not None:
+            sql += f" WHERE status IN ({', '.join('?' * len(wanted))})" if wanted else " WHERE 0"
+            params = wanted
+        async with self._db.execute(sql + " ORDER BY created_at, operation_id", params) as cursor:
+            rows = await cursor.fetchall()
+        return [_operation_from_row(tuple(row)) for row in rows]
+
+    async def delete_operations_before(self, statuses: Iterable[str], updated_before: datetime) -> int:
+        """Forget rows in `statuses` updated before the cutoff (terminal retention); returns the count."""
+        wanted = tuple(statuses)
+        if not wanted:
+            return 0
+        sql = (
+            f"DELETE FROM command_operations WHERE status IN ({', '.join('?' * len(wanted))}) "
+            "AND updated_at < ?"
+        )
+        return await self._write(sql, (*wanted, format_time(updated_before)))
+
+    # -- internals ------------------------------------------------------------------------------------
+
+    async def _write(self, sql: str, params: tuple[Any, ...]) -> int:
+        """Run one write statement under the lock (autocommit, synchronous=FULL); returns the row count."""
+        async with self._lock:
+            cursor = await self._db.execute(sql, params)
+            count = cursor.rowcount
+            await cursor.close()
+        return count
+
+    async def _configure(self) -> None:
+        """WAL, secure delete and full fsync on every commit."""
+        async with self._db.execute("PRAGMA journal_mode=WAL") as cursor:
+            row = await cursor.fetchone()
+        if row is None or str(row[0]).lower() != "wal":
+            raise SensoriumError("state database refused WAL mode", code="internal")
+        for pragma in ("secure_delete=ON", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=5000"):
+            await self._db.execute(f"PRAGMA {pragma}")
+
+    async def _migrate(self) -> None:
+        """Apply every migration past the stored `user_version`, each in its own transaction."""
+        version = int(await self.pragma("user_version") or 0)
+        if version > len(MIGRATIONS):
+            raise SensoriumError("state database is newer than this connector", code="internal")
+        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
+            await self._db.executescript(
+                f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;"
+            )
+
+
+def _operation_row(op: CommandOperation) -> tuple[Any, ...]:
+    """Column values in `_OPERATION_COLUMNS` order."""
+    return (
+        op.operation_id,
+        op.owner,
+        op.action_id,
+        op.mode,
+        op.status,
+        format_time(op.created_at),
+        format_time(op.updated_at),
+        format_time(op.expires_at),
+        op.input_json,
+        op.result_json,
+        op.error_code,
+        int(op.cancelable),
+        op.idempotency_fp,
+        op.causal_context_json,
+    )
+
+
+def _operation_from_row(row: tuple[Any, ...]) -> CommandOperation:
+    """A row in `_OPERATION_COLUMNS` order back into a `CommandOperation`."""
+    mode: Mode = "async" if row[3] == "async" else "sync"
+    return CommandOperation(
+        operation_id=row[0],
+        owner=row[1],
+        action_id=row[2],
+        mode=mode,
+        status=row[4],
+        created_at=parse_time(row[5]),
+        updated_at=parse_time(row[6]),
+        expires_at=parse_time(row[7]),
+        input_json=row[8],
+        result_json=row[9],
+        error_code=row[10],
+        cancelable=bool(row[11]),
+        idempotency_fp=row[12],
+        causal_context_json=row[13],
+    )
