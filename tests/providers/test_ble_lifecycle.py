@@ -1,0 +1,277 @@
+"""The BLE provider's start refusals, stop acknowledgement and mid-session failures against emulated BlueZ."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import pytest
+from bluez_mock import BluezController, RecordingSink, bluez
+
+from connector.core.scope import DiscoveryScope, ScopeFilter
+from connector.errors import ProviderError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
+from providers.ble import BleProvider
+
+__all__ = ["bluez"]  # the fixture, imported above
+
+HEART = "0000180d-0000-1000-8000-00805f9b34fb"
+DEV_A = "AA:BB:CC:00:00:01"
+
+
+def ble_scope(*, adapter: str | None = None, cleanup_timeout_ms: int = 1000) -> DiscoveryScope:
+    """An admitted BLE scope for heart-rate sensors."""
+    return DiscoveryScope(
+        transport="ble",
+        window_seconds=10,
+        max_candidates=64,
+        max_snapshot_bytes=65536,
+        filters=ScopeFilter(service_uuids=(HEART,)),
+        adapter=adapter,
+        cleanup_timeout_ms=cleanup_timeout_ms,
+    )
+
+
+def assert_no_echo(error: Exception, *values: str) -> None:
+    """The error message names no input value."""
+    for value in values:
+        assert value not in str(error)
+
+
+# --------------------------------------------------------------------------------------------- start
+
+
+@pytest.mark.asyncio
+async def test_powered_off_adapter_is_unavailable_at_start(bluez: BluezController) -> None:
+    bluez.set_powered(False)
+    with pytest.raises(ProviderUnavailable) as caught:
+        await BleProvider(adapter="hci0").start(ble_scope(), RecordingSink())
+    assert caught.value.code == "provider-unavailable"
+    assert bluez.method_calls("StartDiscovery") == []
+    assert_no_echo(caught.value, "hci0")
+
+
+@pytest.mark.asyncio
+async def test_powered_off_default_adapter_is_unavailable_at_start(bluez: BluezController) -> None:
+    bluez.set_powered(False)
+    with pytest.raises(ProviderUnavailable):
+        await BleProvider().start(ble_scope(), RecordingSink())
+    assert bluez.method_calls("StartDiscovery") == []
+
+
+@pytest.mark.asyncio
+async def test_missing_adapter_is_unavailable_at_start(bluez: BluezController) -> None:
+    with pytest.raises(ProviderUnavailable) as caught:
+        await BleProvider().start(ble_scope(adapter="hci7"), RecordingSink())
+    assert caught.value.code == "provider-unavailable"
+    assert_no_echo(caught.value, "hci7")
+    assert bluez.method_calls("StartDiscovery") == []
+
+
+@pytest.mark.asyncio
+async def test_no_adapter_at_all_is_unavailable_at_start(bluez: BluezController) -> None:
+    bluez.remove_adapter()
+    with pytest.raises(ProviderUnavailable):
+        await BleProvider().start(ble_scope(), RecordingSink())
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("name", ["hci0/../x", "", "hci 0", "x" * 65])
+async def test_adapter_names_that_are_no_object_path_are_unavailable(
+    bluez: BluezController, name: str
+) -> None:
+    with pytest.raises(ProviderUnavailable) as caught:
+        await BleProvider(adapter=name).start(ble_scope(), RecordingSink())
+    if name:
+        assert_no_echo(caught.value, name)
+
+
+@pytest.mark.asyncio
+async def test_bluetoothd_not_running_is_unavailable_at_start(bluez: BluezController) -> None:
+    bluez.stop_bluetoothd()
+    with pytest.raises(ProviderUnavailable):
+        await BleProvider(adapter="hci0").start(ble_scope(), RecordingSink())
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("dbus_error", "expected_code"),
+    [("org.bluez.Error.NotReady", "provider-unavailable"), ("org.bluez.Error.Failed", "provider-failure")],
+)
+async def test_start_discovery_refused_is_translated(
+    bluez: BluezController, dbus_error: str, expected_code: str
+) -> None:
+    bluez.fail_start(dbus_error)
+    with pytest.raises(ProviderError) as caught:
+        await BleProvider().start(ble_scope(), RecordingSink())
+    assert caught.value.code == expected_code
+    assert caught.value.diagnostics == ({"code": "ble-backend", "message": dbus_error},)
+    assert "injected" not in str(caught.value)
+
+
+# ---------------------------------------------------------------------------------------------- stop
+
+
+@pytest.mark.asyncio
+async def test_stop_discovery_acknowledged_returns_and_is_idempotent(bluez: BluezController) -> None:
+    sink = RecordingSink()
+    session = await BleProvider().start(ble_scope(), sink)
+    assert bluez.discovering()
+    await session.stop()
+    assert not bluez.discovering()
+    await session.stop()
+    assert len(bluez.method_calls("StopDiscovery")) == 1
+    bluez.add_device(DEV_A, service_uuids=[HEART])
+    bluez.update(DEV_A, rssi=-30)
+    await asyncio.sleep(0.1)
+    assert sink.observations == []
+
+
+@pytest.mark.asyncio
+async def test_stop_refused_by_bluez_is_unconfirmed_then_a_retry_succeeds(bluez: BluezController) -> None:
+    sink = RecordingSink()
+    session = await BleProvider().start(ble_scope(), sink)
+    bluez.fail_stop("org.bluez.Error.Failed", "Operation failed")
+    with pytest.raises(StopUnconfirmed) as caught:
+        await session.stop()
+    assert caught.value.code == "cleanup-unconfirmed"
+    assert caught.value.diagnostics == ({"code": "ble-backend", "message": "org.bluez.Error.Failed"},)
+    assert bluez.discovering()
+    bluez.add_device(DEV_A, service_uuids=[HEART])
+    bluez.update(DEV_A, rssi=-30)
+    with pytest.raises(StopUnconfirmed):  # BlueZ still refuses: still uncertain, never "stopped"
+        await session.stop()
+    bluez.clear_fail_stop()
+    await session.stop()
+    assert not bluez.discovering()
+    assert len(bluez.method_calls("StopDiscovery")) == 3
+    await session.stop()
+    assert len(bluez.method_calls("StopDiscovery")) == 3
+    # Adverts arriving while the stop was uncertain never reached the sink.
+    assert sink.observations == []
+
+
+@pytest.mark.asyncio
+async def test_a_retry_answered_no_discovery_started_is_an_acknowledgement(bluez: BluezController) -> None:
+    session = await BleProvider().start(ble_scope(), RecordingSink())
+    bluez.fail_stop("org.bluez.Error.Failed", "Operation failed")
+    with pytest.raises(StopUnconfirmed):
+        await session.stop()
+    # bluetoothd's answer when this D-Bus client holds no discovery session any more.
+    bluez.fail_stop("org.bluez.Error.Failed", "No discovery started")
+    await session.stop()
+
+
+@pytest.mark.asyncio
+async def test_stalled_stop_is_unconfirmed_within_the_bound_and_a_later_retry_succeeds(
+    bluez: BluezController,
+) -> None:
+    session = await BleProvider().start(ble_scope(cleanup_timeout_ms=300), RecordingSink())
+    bluez.stall_stop()
+    started = time.monotonic()
+    with pytest.raises(StopUnconfirmed) as caught:
+        await session.stop()
+    elapsed = time.monotonic() - started
+    assert 0.29 <= elapsed < 0.8
+    assert caught.value.code == "cleanup-unconfirmed"
+    started = time.monotonic()
+    with pytest.raises(StopUnconfirmed):  # still stalled: the retry is bounded too
+        await session.stop()
+    assert time.monotonic() - started < 0.8
+    bluez.lift_stall()
+    await session.stop()  # joins the StopDiscovery still waiting for its reply
+    assert not bluez.discovering()
+    assert len(bluez.method_calls("StopDiscovery")) == 1
+
+
+@pytest.mark.asyncio
+async def test_stop_cancelled_by_the_caller_keeps_waiting_for_bluez(bluez: BluezController) -> None:
+    session = await BleProvider().start(ble_scope(cleanup_timeout_ms=2000), RecordingSink())
+    bluez.stall_stop()
+    stopping = asyncio.ensure_future(session.stop())
+    await asyncio.sleep(0.1)
+    stopping.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stopping
+    bluez.lift_stall()
+    await session.stop()
+    assert not bluez.discovering()
+
+
+# ------------------------------------------------------------------------------------ mid-session
+
+
+@pytest.mark.asyncio
+async def test_adapter_powered_off_mid_session_fails_the_session(bluez: BluezController) -> None:
+    sink = RecordingSink()
+    session = await BleProvider().start(ble_scope(), sink)
+    bluez.add_device(DEV_A, service_uuids=[HEART])
+    await sink.wait_for(lambda o: o.address == DEV_A)
+    bluez.set_powered(False)
+    failure = await sink.wait_for_failure()
+    assert isinstance(failure, ProviderRestarted)
+    assert failure.code == "provider-restarted"
+    seen = len(sink.observations)
+    bluez.update(DEV_A, rssi=-20)
+    await asyncio.sleep(0.05)
+    assert len(sink.observations) == seen
+    await session.stop()
+    assert len(sink.failures) == 1
+
+
+@pytest.mark.asyncio
+async def test_adapter_removed_mid_session_fails_the_session_and_stop_is_acknowledged(
+    bluez: BluezController,
+) -> None:
+    sink = RecordingSink()
+    session = await BleProvider().start(ble_scope(), sink)
+    bluez.remove_adapter()
+    assert isinstance(await sink.wait_for_failure(), ProviderRestarted)
+    # The adapter object is gone, and its discovery sessions with it.
+    await session.stop()
+    assert len(sink.failures) == 1
+
+
+@pytest.mark.asyncio
+async def test_bluetoothd_exit_mid_session_fails_the_session_and_stop_is_acknowledged(
+    bluez: BluezController,
+) -> None:
+    sink = RecordingSink()
+    session = await BleProvider().start(ble_scope(), sink)
+    bluez.stop_bluetoothd()
+    assert isinstance(await sink.wait_for_failure(), ProviderRestarted)
+    await session.stop()
+
+
+@pytest.mark.asyncio
+async def test_system_bus_lost_mid_session_fails_the_session_and_stop_is_acknowledged(
+    bluez: BluezController,
+) -> None:
+    sink = RecordingSink()
+    session = await BleProvider().start(ble_scope(), sink)
+    bluez.stop_system_bus()
+    assert isinstance(await sink.wait_for_failure(), ProviderRestarted)
+    # BlueZ drops the discovery session of a client whose connection closed.
+    await session.stop()
+
+
+@pytest.mark.asyncio
+async def test_adapter_powered_off_while_starting_fails_the_session(bluez: BluezController) -> None:
+    bluez.power_off_during_start()
+    sink = RecordingSink()
+    session = await BleProvider().start(ble_scope(), sink)
+    assert isinstance(await sink.wait_for_failure(), ProviderRestarted)
+    await session.stop()
+    assert len(sink.failures) == 1
+
+
+@pytest.mark.asyncio
+async def test_another_adapter_going_away_does_not_touch_the_session(bluez: BluezController) -> None:
+    bluez.add_adapter("hci1")
+    sink = RecordingSink()
+    session = await BleProvider(adapter="hci0").start(ble_scope(), sink)
+    bluez.set_powered(False, "hci1")
+    bluez.remove_adapter("hci1")
+    bluez.add_device(DEV_A, service_uuids=[HEART])
+    await sink.wait_for(lambda o: o.address == DEV_A)
+    await session.stop()
+    assert sink.failures == []
