@@ -1,0 +1,339 @@
+"""`sensorium-connector scan`: one bounded scan from the terminal, through the same runtime as `serve`.
+
+Exit codes (SPEC 12): 0 completed; 1 failed, timed-out or expired (also a Ctrl-C whose stop was not
+confirmed); 2 usage or input error, catalog refusal included, with a one-line reason on stderr; 130 a scan
+cancelled by Ctrl-C whose stop was confirmed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ipaddress
+import json
+import secrets
+import signal
+import sys
+import time
+import types
+from collections.abc import Mapping, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NoReturn
+
+import anyio
+from anyio.abc import TaskStatus
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from connector.cli.main import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, usage_error
+from connector.core.observations import TRANSPORTS
+from connector.errors import AdmissionError, CatalogError, ProviderUnavailable, SensoriumError
+
+if TYPE_CHECKING:
+    from connector.catalog.signing import VerifiedCatalog
+    from connector.core.scope import DiscoveryProfile, DiscoveryScope
+    from connector.runtime.manager import DiscoveryManager
+    from providers.base import Provider
+
+SCAN_ACTION = "device.discovery.scan"
+OWNER = "cli"
+# Seconds the live view waits for a new revision before it redraws the progress bar anyway.
+_REDRAW_S = 0.25
+# Slack on top of window + stop bound before the bridge gives up on a scan that never terminates.
+_BRIDGE_SLACK_S = 10.0
+
+
+@dataclass(frozen=True, slots=True)
+class ScanPlan:
+    """Everything a scan needs, resolved before the event loop starts."""
+
+    scope: DiscoveryScope
+    profile: DiscoveryProfile
+    provider: Provider
+    expires_in_ms: int
+    retry_after_seconds: int
+    json_output: bool
+
+
+@dataclass(slots=True)
+class _Outcome:
+    """What the scan ended with, and whether Ctrl-C asked for it."""
+
+    status: dict[str, Any] | None = None
+    interrupted: bool = False
+
+
+def register(subparsers: Any) -> None:
+    """Add the `scan` subcommand."""
+    parser = subparsers.add_parser("scan", help="one bounded discovery scan", description=__doc__)
+    parser.error = types.MethodType(_one_line_error, parser)
+    parser.add_argument("--transport", required=True, choices=TRANSPORTS)
+    parser.add_argument("--window", required=True, type=int, metavar="S", help="window in seconds")
+    parser.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--exclude", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--max-candidates", type=int, metavar="N")
+    parser.add_argument("--adapter", metavar="NAME")
+    parser.add_argument("--replay", type=Path, metavar="FILE", help="play an hw-fixtures file instead")
+    parser.add_argument("--replay-speed", type=float, default=1.0, metavar="X")
+    parser.add_argument("--json", action="store_true", help="print only the final v2 status on stdout")
+    parser.add_argument("--catalog", type=Path, default=Path("catalog/actions.json"), metavar="PATH")
+    parser.add_argument("--trust", type=Path, default=Path("catalog/trust"), metavar="DIR")
+    parser.add_argument("--mdns-interfaces", type=_interfaces, metavar="IP[,IP...]")
+    parser.add_argument("--ble-adapter", metavar="NAME")
+    parser.set_defaults(handler=run)
+
+
+def _one_line_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
+    """argparse errors as one line on stderr, exit 2."""
+    parser.exit(usage_error(f"scan: {message}"))
+
+
+def _interfaces(text: str) -> list[str]:
+    """`IP[,IP...]` of IPv4 interface addresses."""
+    parts = [part.strip() for part in text.split(",") if part.strip()]
+    try:
+        return [str(ipaddress.IPv4Address(part)) for part in parts] or _no_interfaces()
+    except ValueError:
+        raise argparse.ArgumentTypeError("expects IPv4 addresses separated by commas") from None
+
+
+def _no_interfaces() -> NoReturn:
+    raise argparse.ArgumentTypeError("expects at least one IPv4 address")
+
+
+def run(args: argparse.Namespace) -> int:
+    """Resolve the scan (exit 2 on any input or catalog refusal), then run it through the one bridge."""
+    # Imported here so that other subcommands never pay for (or depend on) the runtime and providers.
+    from providers.replay import FixtureError
+
+    try:
+        plan = _plan(args)
+    except FixtureError as error:
+        return usage_error(f"scan: {error.message}")
+    except ProviderUnavailable as error:
+        print(f"sensorium-connector: scan: {error.code}: {error.message}", file=sys.stderr)
+        return EXIT_FAILED
+    except (AdmissionError, CatalogError) as error:
+        return usage_error(f"scan: {_reason(error)}")
+    bound_s = plan.scope.window_seconds + 2 * plan.profile.cleanup_timeout_ms / 1000.0 + _BRIDGE_SLACK_S
+    try:
+        return anyio.run(_bridge, plan, bound_s)
+    except TimeoutError:
+        print("sensorium-connector: scan: the scan did not terminate in time", file=sys.stderr)
+        return EXIT_FAILED
+
+
+def _reason(error: SensoriumError) -> str:
+    """`code: message` plus the failing paths (never values) on one line."""
+    details = "; ".join(d.get("message", d.get("code", "")) for d in error.diagnostics)
+    return f"{error.code}: {error.message}" + (f" ({details})" if details else "")
+
+
+def _plan(args: argparse.Namespace) -> ScanPlan:
+    """Input from the flags, checked against the verified catalog's scan profile; the provider to use."""
+    from connector.catalog.loader import load_verified_catalog
+    from connector.core.policy import DeferredHostPolicy
+    from connector.core.scope import parse_discovery_input, scope_input_from_cli
+    from providers.registry import build_provider
+
+    raw = scope_input_from_cli(
+        args.transport, args.window, args.filter, args.exclude, args.max_candidates, args.adapter
+    )
+    now = datetime.now(UTC)
+    catalog = load_verified_catalog(args.catalog, trust_dir=args.trust, data_dir=None, now=now)
+    profile = catalog.discovery_profile(SCAN_ACTION)
+    scope = parse_discovery_input(raw, profile)
+    provider = build_provider(
+        scope.transport,
+        replay=args.replay,
+        replay_speed=args.replay_speed,
+        ble_adapter=args.ble_adapter or scope.adapter,
+        mdns_interfaces=args.mdns_interfaces,
+    )
+    preferred_ttl, retry_after = _deferred_profile(catalog)
+    expires_at = DeferredHostPolicy().effective_expires_at(
+        now, connector_fail_after=None, preferred_max_ttl=preferred_ttl, caller_deadline=None
+    )
+    return ScanPlan(
+        scope=scope,
+        profile=profile,
+        provider=provider,
+        expires_in_ms=int((expires_at - now).total_seconds() * 1000),
+        retry_after_seconds=retry_after,
+        json_output=args.json,
+    )
+
+
+def _deferred_profile(catalog: VerifiedCatalog) -> tuple[int | None, int]:
+    """The scan action's preferred TTL and retry hint."""
+    deferred = catalog.actions[SCAN_ACTION].deferred_profile
+    if deferred is None:
+        return None, 1
+    return deferred.preferred_max_ttl_seconds, deferred.retry_after_seconds or 1
+
+
+async def _bridge(plan: ScanPlan, bound_s: float) -> int:
+    """The one sync-to-async bridge: run the scan under an overall bound."""
+    with anyio.fail_after(bound_s):
+        outcome = await _scan(plan)
+    return _report(plan, outcome)
+
+
+async def _scan(plan: ScanPlan) -> _Outcome:
+    """One session through `DiscoveryManager`; Ctrl-C cancels it and waits for the confirmed stop."""
+    from connector.core.ids import OPERATION_KIND, random_operation_id
+    from connector.runtime.manager import DiscoveryManager, wall_clock_ms
+
+    outcome = _Outcome()
+    console = Console(stderr=True)
+    async with DiscoveryManager() as manager, anyio.create_task_group() as watchers:
+        now_ms = wall_clock_ms()
+        handle = await manager.start_scan(
+            operation_id=random_operation_id(OPERATION_KIND, secrets.token_bytes(16)),
+            owner=OWNER,
+            action_id=SCAN_ACTION,
+            scope=plan.scope,
+            profile=plan.profile,
+            provider=plan.provider,
+            now_ms=now_ms,
+            window_end_ms=now_ms + plan.scope.window_seconds * 1000,
+            cut_by_deadline=False,
+            timeout_ms=None,
+            expires_at_ms=now_ms + plan.expires_in_ms,
+            causal_context=None,
+            retry_after_seconds=plan.retry_after_seconds,
+        )
+        await watchers.start(_cancel_on_sigint, manager, handle.operation_id, outcome)
+        console.print(
+            f"scan: scanning {plan.scope.transport} for {plan.scope.window_seconds} s (Ctrl-C cancels)"
+        )
+        outcome.status = await _follow(manager, handle.operation_id, plan.scope, now_ms, console)
+        watchers.cancel_scope.cancel()
+    return outcome
+
+
+async def _cancel_on_sigint(
+    manager: DiscoveryManager,
+    operation_id: str,
+    outcome: _Outcome,
+    *,
+    task_status: TaskStatus[None] = anyio.TASK_STATUS_IGNORED,
+) -> None:
+    """Turn the first Ctrl-C into a cancel request; later ones only wait for the same confirmed stop."""
+    with anyio.open_signal_receiver(signal.SIGINT) as signals:
+        task_status.started()
+        async for _ in signals:
+            if not outcome.interrupted:
+                outcome.interrupted = True
+                manager.cancel(operation_id)
+
+
+async def _follow(
+    manager: DiscoveryManager, operation_id: str, scope: DiscoveryScope, started_ms: int, console: Console
+) -> dict[str, Any]:
+    """Follow the session to its terminal status, redrawing the live view on every change."""
+    live = Live(console=console, refresh_per_second=8, transient=True) if console.is_terminal else None
+    revision = 0
+    with live if live is not None else nullcontext():
+        while True:
+            status = await manager.wait_for_change(operation_id, revision, _REDRAW_S)
+            revision = max(revision, _revision(status))
+            if live is not None:
+                live.update(render_live(status, scope, started_ms))
+            if status["status"] not in ("pending", "running"):
+                return status
+
+
+def _revision(status: Mapping[str, Any]) -> int:
+    progress = status.get("progress")
+    return int(progress["revision"]) if progress else 0
+
+
+def _candidates(status: Mapping[str, Any]) -> list[dict[str, Any]]:
+    if "result" in status:
+        return list(status["result"].get("candidates", []))
+    progress = status.get("progress")
+    return list(progress["snapshot"]["candidates"]) if progress else []
+
+
+def render_live(status: Mapping[str, Any], scope: DiscoveryScope, started_ms: int) -> Group:
+    """The live view: a progress bar over the window and the current candidate table."""
+    window_ms = scope.window_seconds * 1000
+    elapsed = min(window_ms, max(0, time.time_ns() // 1_000_000 - started_ms))
+    candidates = _candidates(status)
+    line = Text(
+        f"{status['status']}  {elapsed / 1000:.1f}/{scope.window_seconds} s  "
+        f"{len(candidates)} candidate(s)  revision {_revision(status)}"
+    )
+    bar = ProgressBar(total=window_ms, completed=elapsed, width=60)
+    return Group(line, bar, candidate_table(candidates))
+
+
+def candidate_table(candidates: Sequence[Mapping[str, Any]]) -> Table:
+    """A table of candidates: label, what the transport says about the device, signal, last seen."""
+    table = Table(show_lines=False, expand=False)
+    for column in ("#", "label", "details", "rssi", "last seen"):
+        table.add_column(column, justify="right" if column in ("#", "rssi") else "left")
+    for index, candidate in enumerate(candidates, start=1):
+        rssi = candidate.get("signal", {}).get("rssi_dbm")
+        table.add_row(
+            str(index),
+            Text(candidate.get("label", "-")),
+            Text(_details(candidate)),
+            "" if rssi is None else str(rssi),
+            candidate["last_seen_at"][11:19],
+        )
+    return table
+
+
+def _details(candidate: Mapping[str, Any]) -> str:
+    """A short transport-specific description (never an address: candidates carry none)."""
+    if "usb" in candidate:
+        usb = candidate["usb"]
+        ids = f"{usb['vid']:04x}:{usb['pid']:04x}" if "vid" in usb and "pid" in usb else "no usb ids"
+        return " ".join(
+            str(part) for part in (ids, usb.get("manufacturer", ""), usb.get("product", "")) if part
+        )
+    if "mdns" in candidate:
+        return str(candidate["mdns"].get("service_type", ""))
+    ble = candidate.get("ble", {})
+    parts = [
+        uuid[4:8] if uuid.endswith("-0000-1000-8000-00805f9b34fb") else uuid
+        for uuid in ble.get("service_uuids", [])
+    ]
+    parts += [f"mfr 0x{company:04x}" for company in ble.get("manufacturer_ids", [])]
+    return ", ".join(parts)
+
+
+def _report(plan: ScanPlan, outcome: _Outcome) -> int:
+    """Print the terminal status (JSON alone, or a table and a summary) and choose the exit code."""
+    status = outcome.status or {}
+    if plan.json_output:
+        print(json.dumps(status, indent=2, ensure_ascii=False))
+    else:
+        _print_summary(status)
+    state = status.get("status")
+    if state == "completed":
+        return EXIT_OK
+    if state == "cancelled" and outcome.interrupted:
+        return EXIT_CANCELLED
+    return EXIT_FAILED
+
+
+def _print_summary(status: Mapping[str, Any]) -> None:
+    console = Console()
+    candidates = _candidates(status)
+    if candidates:
+        console.print(candidate_table(candidates))
+    line = f"{status.get('status')}"
+    if "result" in status:
+        result = status["result"]
+        line += f" ({result['reason']}): {len(candidates)} candidate(s), revision {result['final_revision']}"
+    elif "error" in status:
+        line += f": {status['error']['code']} ({status['error']['message']})"
+    console.print(line, highlight=False)

@@ -1,0 +1,291 @@
+"""The discovery runtime: runs admitted scans as sessions, answers their statuses, cleans up behind them.
+
+`DiscoveryManager` owns one anyio task group (`async with`). Each session gets a runner task; a session
+whose stop was not acknowledged gets a cleanup retry task that keeps the claim until a late acknowledgement,
+whatever happened to its caller; a completed session gets a retention timer that erases its result.
+"""
+
+from __future__ import annotations
+
+import math
+import secrets
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AsyncExitStack
+from types import TracebackType
+from typing import Any
+
+import anyio
+from anyio.abc import TaskGroup
+
+from connector.core.ids import opaque_id
+from connector.core.lifecycle import INTERRUPTED_BY_RESTART, Status
+from connector.core.projections import caller_status_v2, durable_metadata
+from connector.core.scope import DiscoveryProfile, DiscoveryScope
+from connector.core.snapshot import CandidateTable
+from connector.errors import SensoriumError
+from connector.runtime.claims import ClaimRegistry, claim_key
+from connector.runtime.session import DiscoverySession, SessionHandle, SessionSpec
+from providers.base import Provider
+
+DEFAULT_METADATA_RETENTION_SECONDS = 7 * 24 * 3600
+
+
+class UnknownOperation(SensoriumError):
+    """An operation this connector never saw or no longer retains."""
+
+    default_code = "unknown-operation"
+
+
+def wall_clock_ms() -> int:
+    """Milliseconds since the Unix epoch."""
+    return time.time_ns() // 1_000_000
+
+
+def _random_id() -> str:
+    return opaque_id(secrets.token_bytes(16))
+
+
+class DiscoveryManager:
+    """Runs discovery sessions and keeps their in-memory state (never persisted)."""
+
+    def __init__(
+        self,
+        *,
+        clock: Callable[[], int] = wall_clock_ms,
+        claims: ClaimRegistry | None = None,
+        new_id: Callable[[], str] = _random_id,
+        cleanup_retry_initial_s: float = 0.5,
+        cleanup_retry_max_s: float = 30.0,
+        metadata_retention_seconds: int = DEFAULT_METADATA_RETENTION_SECONDS,
+    ) -> None:
+        self._clock = clock
+        self.claims = claims or ClaimRegistry()
+        self._new_id = new_id
+        self._retry_initial_s = cleanup_retry_initial_s
+        self._retry_max_s = cleanup_retry_max_s
+        self._metadata_retention_s = metadata_retention_seconds
+        self._sessions: dict[str, DiscoverySession] = {}
+        self._stack: AsyncExitStack | None = None
+        self._task_group: TaskGroup | None = None
+        self._closing = False
+
+    # ---- lifetime ------------------------------------------------------------------------------------------
+
+    async def __aenter__(self) -> DiscoveryManager:
+        stack = AsyncExitStack()
+        self._task_group = await stack.enter_async_context(anyio.create_task_group())
+        self._stack = stack
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> bool | None:
+        try:
+            await self.aclose()
+        finally:
+            stack, self._stack = self._stack, None
+            if stack is not None:
+                # The body's own exception propagates as it is, not wrapped into the task group's.
+                await stack.aclose()
+        return None
+
+    async def aclose(self) -> None:
+        """Stop every live session with a bounded, confirmed stop; then drop background retries and timers."""
+        self._closing = True
+        live = [s for s in self._sessions.values() if not s.finished.is_set()]
+        for session in live:
+            session.terminate(INTERRUPTED_BY_RESTART, erase=True)
+        # Each stop is bounded by its cleanup timeout; the extra second covers a start still in flight.
+        bound_ms = max((s.spec.profile.cleanup_timeout_ms for s in live), default=0) + 1000
+        # Shielded: a shutdown that is itself being cancelled still stops its provider sessions.
+        with anyio.move_on_after(bound_ms / 1000.0, shield=True):
+            for session in live:
+                await session.finished.wait()
+        if self._task_group is not None:
+            self._task_group.cancel_scope.cancel()
+
+    # ---- starting ------------------------------------------------------------------------------------------
+
+    async def start_scan(
+        self,
+        *,
+        operation_id: str,
+        owner: str,
+        action_id: str,
+        scope: DiscoveryScope,
+        profile: DiscoveryProfile,
+        provider: Provider,
+        now_ms: int,
+        window_end_ms: int,
+        cut_by_deadline: bool,
+        timeout_ms: int | None,
+        expires_at_ms: int | None,
+        causal_context: Mapping[str, Any] | None,
+        retry_after_seconds: int = 1,
+    ) -> SessionHandle:
+        """Take the claim (or refuse before any provider call) and start the session's runner."""
+        existing = self._sessions.get(operation_id)
+        if existing is not None:
+            return SessionHandle(existing)
+        task_group = self._require_open()
+        claim = self.claims.acquire(
+            claim_key(scope.transport, scope.adapter),
+            operation_id=operation_id,
+            concurrent=provider.capabilities.concurrent_sessions,
+            now_ms=now_ms,
+            expected_release_ms=window_end_ms + profile.cleanup_timeout_ms,
+        )
+        spec = SessionSpec(
+            operation_id=operation_id,
+            owner=owner,
+            action_id=action_id,
+            scope=scope,
+            profile=profile,
+            created_at_ms=now_ms,
+            window_end_ms=window_end_ms,
+            cut_by_deadline=cut_by_deadline,
+            timeout_at_ms=None if timeout_ms is None else now_ms + timeout_ms,
+            expires_at_ms=expires_at_ms,
+            causal_context=causal_context,
+            retry_after_seconds=retry_after_seconds,
+        )
+        table = CandidateTable(scope, profile, generation=self._new_id(), new_ref=self._new_id)
+        session = DiscoverySession(spec, provider=provider, table=table, claim=claim, clock=self._clock)
+        self._sessions[operation_id] = session
+        task_group.start_soon(self._run, session)
+        return SessionHandle(session)
+
+    def _require_open(self) -> TaskGroup:
+        if self._task_group is None or self._closing:
+            raise SensoriumError("the discovery runtime is not running", code="internal")
+        return self._task_group
+
+    async def _run(self, session: DiscoverySession) -> None:
+        """Runner, then whatever the terminal status needs in the background."""
+        await session.run()
+        if session.cleanup_uncertain:
+            self.claims.postpone(session.claim, self._clock() + int(self._retry_max_s * 1000))
+            await self._retry_cleanup(session)
+        else:
+            self.claims.release(session.claim)
+        await self._retain(session)
+
+    async def _retry_cleanup(self, session: DiscoverySession) -> None:
+        """Retry the stop with bounded backoff until acknowledged; only then release the claim."""
+        delay = self._retry_initial_s
+        while True:
+            await anyio.sleep(delay)
+            if await session.stop_provider():
+                self.claims.release(session.claim)
+                session.cleanup_acknowledged_late()
+                return
+            delay = min(delay * 2, self._retry_max_s)
+
+    async def _retain(self, session: DiscoverySession) -> None:
+        """Erase a completed result after its retention; forget the operation after metadata retention."""
+        if session.status is Status.COMPLETED:
+            await self._sleep_until(
+                self._terminal_ms(session) + session.spec.profile.result_retention_seconds * 1000
+            )
+            session.erase_result()
+        await self._sleep_until(self._terminal_ms(session) + self._metadata_retention_s * 1000)
+        self._sessions.pop(session.spec.operation_id, None)
+
+    def _terminal_ms(self, session: DiscoverySession) -> int:
+        return session.terminal_at_ms if session.terminal_at_ms is not None else self._clock()
+
+    async def _sleep_until(self, at_ms: int) -> None:
+        while (remaining := at_ms - self._clock()) > 0:
+            await anyio.sleep(remaining / 1000.0)
+
+    # ---- reading -------------------------------------------------------------------------------------------
+
+    def _get(self, operation_id: str) -> DiscoverySession:
+        session = self._sessions.get(operation_id)
+        if session is None:
+            raise UnknownOperation("unknown operation")
+        return session
+
+    def handle(self, operation_id: str) -> SessionHandle:
+        """A read-only handle on a known operation."""
+        return SessionHandle(self._get(operation_id))
+
+    def operation_ids(self) -> Iterator[str]:
+        """Every operation this runtime still retains."""
+        return iter(list(self._sessions))
+
+    def active_count(self) -> int:
+        """How many sessions are not terminal yet (for metrics)."""
+        return sum(1 for s in self._sessions.values() if not s.is_terminal)
+
+    def active_operations(self, owner: str) -> int:
+        """How many non-terminal operations `owner` has (for the per-principal limit)."""
+        return sum(1 for s in self._sessions.values() if s.spec.owner == owner and not s.is_terminal)
+
+    def status(self, operation_id: str) -> dict[str, Any]:
+        """The caller-private v2 status; every candidate it carries counts as disclosed."""
+        session = self._get(operation_id)
+        document = caller_status_v2(session.view())
+        session.disclosed.update(_candidate_refs(document))
+        return document
+
+    def metadata(self, operation_id: str) -> dict[str, Any]:
+        """The durable projection (SPEC 7): no candidates, refs, labels or identity selectors."""
+        return durable_metadata(self._get(operation_id).view())
+
+    def current_revision(self, operation_id: str) -> int:
+        """The latest revision number of an operation (0 before the first)."""
+        return self._get(operation_id).revision
+
+    async def wait_for_change(
+        self, operation_id: str, after_revision: int | None, timeout_s: float
+    ) -> dict[str, Any]:
+        """Long poll: the status once past `after_revision` or terminal, else when `timeout_s` ran out."""
+        session = self._get(operation_id)
+        threshold = session.delivered_revision if after_revision is None else after_revision
+        with anyio.move_on_after(max(0.0, timeout_s)):
+            # A revision the caller cannot see (cancel requested, result erased) never ends the wait.
+            while not session.is_terminal and session.delivered_revision <= threshold:
+                await session.changed.wait()
+        return self.status(operation_id)
+
+    # ---- ending --------------------------------------------------------------------------------------------
+
+    def cancel(self, operation_id: str) -> dict[str, Any]:
+        """Request confirmed termination; the status after the request (unchanged when terminal)."""
+        self._get(operation_id).request_cancel()
+        return self.status(operation_id)
+
+    def terminate(self, operation_id: str, *, error_code: str, erase: bool = True) -> None:
+        """End an operation `failed` with `error_code` (e.g. `grant-revoked`, `response-too-large`)."""
+        self._get(operation_id).terminate(error_code, erase=erase)
+
+    def revoke_owner(self, owner: str, *, action_id: str | None = None) -> list[str]:
+        """Erase and end every live session of `owner` (for `action_id` only, when given): `grant-revoked`."""
+        ended = []
+        for session in list(self._sessions.values()):
+            mine = session.spec.owner == owner and action_id in (None, session.spec.action_id)
+            if mine and session.terminate("grant-revoked", erase=True):
+                ended.append(session.spec.operation_id)
+        return ended
+
+    async def wait_terminal(self, operation_id: str, timeout_s: float = math.inf) -> dict[str, Any]:
+        """Wait until an operation is terminal (or the timeout passes) and return its status."""
+        session = self._get(operation_id)
+        with anyio.move_on_after(timeout_s):
+            await session.finished.wait()
+        return self.status(operation_id)
+
+
+def _candidate_refs(document: Mapping[str, Any]) -> Iterator[str]:
+    """Refs of the candidates a status document carries (progress snapshot and result)."""
+    progress = document.get("progress") or {}
+    result = document.get("result") or {}
+    for candidate in (progress.get("snapshot") or {}).get("candidates", ()):
+        yield candidate["candidate/ref"]
+    for candidate in result.get("candidates", ()):
+        yield candidate["candidate/ref"]

@@ -1,0 +1,159 @@
+"""A fault-injecting provider FOR TESTS ONLY: plays a given timeline and misbehaves on request.
+
+It can refuse to start, fail or restart mid-session, make `stop()` raise, hang, or acknowledge late, and
+flood the sink with observations that skip the provider-side filter (to prove the host revalidates). Every
+call is recorded so tests can assert that a refused admission never reached the provider.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+from connector.core.observations import Observation, Transport
+from connector.core.scope import DiscoveryScope
+from connector.errors import ProviderError, ProviderRestarted, StopUnconfirmed
+from providers.base import ObservationSink, ProviderCapabilities
+from providers.replay import Timeline, check_speed, finish_task, play_timeline, scoped
+
+
+@dataclass(frozen=True, slots=True)
+class StopStep:
+    """How one `stop()` call behaves: acknowledge, raise or hang, after `delay_ms`."""
+
+    kind: Literal["ack", "raise", "hang"] = "ack"
+    delay_ms: int = 0
+
+
+ACK = StopStep("ack")
+RAISE = StopStep("raise")
+HANG = StopStep("hang")
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """What goes wrong in a session (all optional; the default plays the timeline and stops cleanly)."""
+
+    start_error: ProviderError | None = None
+    start_delay_ms: int = 0
+    # At this offset the session reports `fail_error` (default: a provider restart) and plays no more.
+    fail_at_ms: int | None = None
+    fail_error: ProviderError | None = None
+    # One step per stop() call; the last step repeats for later calls.
+    stop_plan: tuple[StopStep, ...] = (ACK,)
+    # `flood_count` observations from `flood` delivered straight to the sink at `flood_at_ms`, unfiltered.
+    flood: Callable[[int], Observation] | None = None
+    flood_count: int = 0
+    flood_at_ms: int = 0
+
+
+class FaultSession:
+    """One session of the fault provider."""
+
+    def __init__(self, provider: FaultProvider, task: asyncio.Task[None]) -> None:
+        self._provider = provider
+        self._task = task
+        self._stop_calls = 0
+        self.acknowledged = False
+
+    async def stop(self) -> None:
+        """Behave as the next step of the stop plan says. Idempotent once acknowledged."""
+        plan = self._provider.fault.stop_plan
+        step = plan[min(self._stop_calls, len(plan) - 1)]
+        self._stop_calls += 1
+        self._provider.calls.append("stop")
+        if self.acknowledged:
+            return
+        if step.delay_ms:
+            await asyncio.sleep(step.delay_ms / 1000.0)
+        if step.kind == "hang":
+            await asyncio.Event().wait()
+        if step.kind == "raise":
+            raise StopUnconfirmed("provider stop refused")
+        await finish_task(self._task)
+        self.acknowledged = True
+        self._provider.calls.append("stop-ack")
+
+
+class FaultProvider:
+    """Plays `(t_ms, observation)` pairs through the provider-side filter and injects the given fault."""
+
+    def __init__(
+        self,
+        timeline: Sequence[tuple[int, Observation]] = (),
+        *,
+        transport: Transport = "ble",
+        concurrent_sessions: bool = False,
+        fault: Fault | None = None,
+        speed: float = 1.0,
+    ) -> None:
+        self._timeline: Timeline = tuple(sorted(timeline, key=lambda item: item[0]))
+        self._capabilities = ProviderCapabilities(
+            transport=transport, concurrent_sessions=concurrent_sessions
+        )
+        self.fault = fault or Fault()
+        self._speed = check_speed(speed)
+        self.calls: list[str] = []
+        self.sessions: list[FaultSession] = []
+
+    @property
+    def capabilities(self) -> ProviderCapabilities:
+        """Declared capabilities."""
+        return self._capabilities
+
+    @property
+    def start_calls(self) -> int:
+        """How many times start() was called."""
+        return self.calls.count("start")
+
+    @property
+    def stop_calls(self) -> int:
+        """How many times stop() was called on any session."""
+        return self.calls.count("stop")
+
+    @property
+    def acknowledged_stops(self) -> int:
+        """How many stop() calls acknowledged."""
+        return self.calls.count("stop-ack")
+
+    async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> FaultSession:
+        """Start a session, or fail as the fault says."""
+        self.calls.append("start")
+        if self.fault.start_delay_ms:
+            await asyncio.sleep(self.fault.start_delay_ms / 1000.0)
+        if self.fault.start_error is not None:
+            raise self.fault.start_error
+        task = asyncio.get_running_loop().create_task(self._run(scope, sink))
+        session = FaultSession(self, task)
+        self.sessions.append(session)
+        return session
+
+    async def _run(self, scope: DiscoveryScope, sink: ObservationSink) -> None:
+        """Play the timeline, the flood and the mid-session failure, in time order."""
+        timeline = list(self._timeline)
+        cut = self.fault.fail_at_ms
+        if cut is not None:
+            timeline = [(t_ms, obs) for t_ms, obs in timeline if t_ms < cut]
+        deliver = scoped(scope, sink)
+        players = [play_timeline(tuple(timeline), self._speed, deliver), self._flood(sink)]
+        if cut is not None:
+            players.append(self._fail_later(cut, sink))
+        await asyncio.gather(*players)
+
+    async def _flood(self, sink: ObservationSink) -> None:
+        """Deliver the flood straight to the sink, skipping the provider-side filter."""
+        make = self.fault.flood
+        if make is None or not self.fault.flood_count:
+            return
+        await asyncio.sleep(self.fault.flood_at_ms / 1000.0 / self._speed)
+        for index in range(self.fault.flood_count):
+            sink.observe(make(index))
+            if index % 256 == 255:
+                await asyncio.sleep(0)
+
+    async def _fail_later(self, at_ms: int, sink: ObservationSink) -> None:
+        """Report the mid-session failure at its offset."""
+        await asyncio.sleep(at_ms / 1000.0 / self._speed)
+        sink.fail(self.fault.fail_error or ProviderRestarted("provider restarted during the session"))

@@ -1,0 +1,93 @@
+"""Driving sessions in tests: start one on a manager, poll it to the end, check the whole poll sequence."""
+
+from __future__ import annotations
+
+import json
+import secrets
+from collections.abc import Mapping, Sequence
+from dataclasses import replace
+from typing import Any
+
+import anyio
+
+from connector.core.ids import OPERATION_KIND, random_operation_id
+from connector.core.scope import DiscoveryProfile, DiscoveryScope
+from connector.runtime.manager import DiscoveryManager, wall_clock_ms
+from connector.runtime.session import SessionHandle
+from providers.base import Provider
+from runtime.support import PROFILE, ble_scope
+
+STATUS_V2 = "deferred-operation-status.v2"
+CAUSAL = {"operation/id": "deferred:sensorium.directive.invoke:AAAAAAAAAAAAAAAAAAAAAAAAAA", "trace/id": "t-1"}
+
+
+def new_operation_id() -> str:
+    return random_operation_id(OPERATION_KIND, secrets.token_bytes(16))
+
+
+def fast_manager(**options: Any) -> DiscoveryManager:
+    """A manager whose background cleanup retries are quick enough for tests."""
+    options.setdefault("cleanup_retry_initial_s", 0.05)
+    options.setdefault("cleanup_retry_max_s", 0.2)
+    return DiscoveryManager(**options)
+
+
+async def start(
+    manager: DiscoveryManager,
+    provider: Provider,
+    *,
+    scope: DiscoveryScope | None = None,
+    profile: DiscoveryProfile = PROFILE,
+    window_ms: int = 300,
+    timeout_ms: int | None = None,
+    expires_in_ms: int | None = 10_000,
+    cut_by_deadline: bool = False,
+    owner: str = "alice",
+    operation_id: str | None = None,
+) -> SessionHandle:
+    now = wall_clock_ms()
+    return await manager.start_scan(
+        operation_id=operation_id or new_operation_id(),
+        owner=owner,
+        action_id="device.discovery.scan",
+        scope=scope or ble_scope(),
+        profile=profile,
+        provider=provider,
+        now_ms=now,
+        window_end_ms=now + window_ms,
+        cut_by_deadline=cut_by_deadline,
+        timeout_ms=timeout_ms,
+        expires_at_ms=None if expires_in_ms is None else now + expires_in_ms,
+        causal_context=CAUSAL,
+    )
+
+
+async def poll_to_end(
+    manager: DiscoveryManager, operation_id: str, *, every_s: float = 0.02, limit_s: float = 5.0
+) -> list[dict[str, Any]]:
+    """Poll until terminal (and once more after), returning every status seen."""
+    polls: list[dict[str, Any]] = []
+    with anyio.fail_after(limit_s):
+        while True:
+            polls.append(manager.status(operation_id))
+            if polls[-1]["status"] not in ("pending", "running"):
+                break
+            await anyio.sleep(every_s)
+    polls.append(manager.status(operation_id))
+    return polls
+
+
+def assert_valid_polls(polls: Sequence[Mapping[str, Any]]) -> None:
+    """The whole poll sequence passes the contract (schema + semantic, cross-poll rules included)."""
+    from connector.contract.validate import validate
+
+    violations = validate(STATUS_V2, [dict(p) for p in polls], via="schema")
+    assert violations == [], [str(v) for v in violations]
+
+
+def with_profile(**changes: Any) -> DiscoveryProfile:
+    return replace(PROFILE, **changes)
+
+
+def dumps(document: Any) -> str:
+    return json.dumps(document, sort_keys=True)

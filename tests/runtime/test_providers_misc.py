@@ -1,0 +1,157 @@
+"""The fault provider's own behaviour, the provider registry, and transport claims."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+import types
+from pathlib import Path
+
+import pytest
+
+from connector.errors import AdmissionError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
+from connector.runtime.claims import ClaimRegistry, claim_key
+from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, StopStep
+from providers.registry import build_provider
+from providers.replay import FixtureError, ReplayProvider
+from runtime.support import RecordingSink, ble_scope, other_tasks, stranger, strap
+
+# ---- fault provider --------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_fault_provider_plays_filtered_and_records_calls() -> None:
+    provider = FaultProvider([(0, strap(1)), (10, stranger(2)), (20, strap(3))])
+    sink = RecordingSink()
+    session = await provider.start(ble_scope(), sink)
+    await asyncio.sleep(0.06)
+    await session.stop()
+    await session.stop()
+    assert [obs for _, obs in sink.observed] == [strap(1), strap(3)]
+    assert provider.calls == ["start", "stop", "stop-ack", "stop"]
+    assert (provider.start_calls, provider.stop_calls, provider.acknowledged_stops) == (1, 2, 1)
+
+
+@pytest.mark.asyncio
+async def test_fault_provider_start_failure_and_mid_session_failure() -> None:
+    refusing = FaultProvider(fault=Fault(start_error=ProviderUnavailable("no adapter")))
+    with pytest.raises(ProviderUnavailable):
+        await refusing.start(ble_scope(), RecordingSink())
+    assert refusing.calls == ["start"]
+    failing = FaultProvider([(0, strap(1)), (100, strap(2))], fault=Fault(fail_at_ms=30))
+    sink = RecordingSink()
+    session = await failing.start(ble_scope(), sink)
+    await asyncio.sleep(0.15)
+    assert [obs for _, obs in sink.observed] == [strap(1)]
+    assert len(sink.failures) == 1 and isinstance(sink.failures[0], ProviderRestarted)
+    await session.stop()
+
+
+@pytest.mark.asyncio
+async def test_fault_provider_stop_plan_raise_hang_then_late_ack() -> None:
+    provider = FaultProvider(fault=Fault(stop_plan=(RAISE, HANG, StopStep("ack", delay_ms=30))))
+    session = await provider.start(ble_scope(), RecordingSink())
+    with pytest.raises(StopUnconfirmed):
+        await session.stop()
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.05):
+            await session.stop()
+    started = asyncio.get_running_loop().time()
+    await session.stop()
+    assert asyncio.get_running_loop().time() - started >= 0.029
+    assert provider.acknowledged_stops == 1 and provider.stop_calls == 3
+    assert other_tasks() == set()
+
+
+@pytest.mark.asyncio
+async def test_fault_provider_flood_skips_the_provider_filter() -> None:
+    provider = FaultProvider(fault=Fault(flood=stranger, flood_count=600, stop_plan=(ACK,)))
+    sink = RecordingSink()
+    session = await provider.start(ble_scope(), sink)
+    await asyncio.sleep(0.05)
+    await session.stop()
+    assert len(sink.observed) == 600
+
+
+# ---- registry --------------------------------------------------------------------------------------------
+
+
+def test_registry_prefers_the_replay_fixture(fixtures_dir: Path) -> None:
+    provider = build_provider("ble", replay=fixtures_dir / "ble-mixed-bench.jsonl", replay_speed=5.0)
+    assert isinstance(provider, ReplayProvider)
+    assert provider.capabilities.transport == "ble"
+
+
+def test_registry_refuses_a_fixture_of_another_transport(fixtures_dir: Path) -> None:
+    with pytest.raises(FixtureError, match="transport"):
+        build_provider("usb-serial", replay=fixtures_dir / "ble-mixed-bench.jsonl")
+
+
+@pytest.mark.parametrize(
+    ("transport", "module_name", "class_name", "expected"),
+    [
+        ("ble", "providers.ble", "BleProvider", {"adapter": "hci1"}),
+        ("usb-serial", "providers.serial", "SerialProvider", {}),
+        ("mdns", "providers.mdns", "MdnsProvider", {"interfaces": ["127.0.0.1"]}),
+    ],
+)
+def test_registry_builds_the_real_backend_with_its_options(
+    monkeypatch: pytest.MonkeyPatch,
+    transport: str,
+    module_name: str,
+    class_name: str,
+    expected: dict[str, object],
+) -> None:
+    made: list[dict[str, object]] = []
+
+    class Backend:
+        def __init__(self, **options: object) -> None:
+            made.append(options)
+
+    fake = types.ModuleType(module_name)
+    setattr(fake, class_name, Backend)
+    monkeypatch.setitem(sys.modules, module_name, fake)
+    provider = build_provider(transport, ble_adapter="hci1", mdns_interfaces=("127.0.0.1",))  # type: ignore[arg-type]
+    assert isinstance(provider, Backend)
+    assert made == [expected]
+
+
+def test_registry_reports_a_missing_backend_as_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "providers.ble", None)
+    with pytest.raises(ProviderUnavailable, match="provider not available") as refused:
+        build_provider("ble")
+    assert refused.value.code == "provider-unavailable"
+
+
+# ---- claims ----------------------------------------------------------------------------------------------
+
+
+def test_an_exclusive_claim_refuses_a_second_scan_with_retry_after() -> None:
+    claims = ClaimRegistry()
+    key = claim_key("ble", None)
+    first = claims.acquire(key, operation_id="op-1", concurrent=False, now_ms=0, expected_release_ms=4_500)
+    with pytest.raises(AdmissionError) as refused:
+        claims.acquire(key, operation_id="op-2", concurrent=False, now_ms=1_000, expected_release_ms=9_000)
+    assert refused.value.code == "transport-claimed"
+    assert refused.value.retry_after_seconds == 4
+    assert refused.value.http_status == 409
+    other_adapter = claims.acquire(
+        claim_key("ble", "hci1"), operation_id="op-3", concurrent=False, now_ms=0, expected_release_ms=1
+    )
+    assert other_adapter.exclusive
+    claims.release(first)
+    assert claims.holder(key) is None
+    claims.acquire(key, operation_id="op-2", concurrent=False, now_ms=1_000, expected_release_ms=9_000)
+    assert claims.holder(key) == "op-2"
+
+
+def test_concurrent_backends_skip_the_claim_and_release_never_frees_another_holder() -> None:
+    claims = ClaimRegistry()
+    key = claim_key("mdns", None)
+    shared = claims.acquire(key, operation_id="op-1", concurrent=True, now_ms=0, expected_release_ms=0)
+    claims.acquire(key, operation_id="op-2", concurrent=True, now_ms=0, expected_release_ms=0)
+    assert not shared.exclusive and claims.holder(key) is None
+    held = claims.acquire(key, operation_id="op-3", concurrent=False, now_ms=0, expected_release_ms=0)
+    claims.release(shared)
+    assert claims.is_held(held)
+    assert claims.retry_after_seconds(key, now_ms=10) == 1

@@ -1,0 +1,218 @@
+"""Every way a session ends, each with a confirmed or uncertain stop, checked over whole poll sequences."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from connector.core.canonical import canonical_bytes
+from connector.errors import ProviderUnavailable
+from connector.runtime.claims import claim_key
+from providers.faults import HANG, RAISE, Fault, FaultProvider, StopStep
+from runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start, with_profile
+from runtime.support import ble_scope, other_tasks, strap
+
+STRAPS = [(i * 20, strap(i)) for i in range(5)]
+
+
+def final_snapshot_equals_result(final: dict[str, object]) -> None:
+    progress, result = final["progress"], final["result"]
+    assert isinstance(progress, dict) and isinstance(result, dict)
+    assert result["final_revision"] == progress["revision"]
+    assert canonical_bytes(result["candidates"]) == canonical_bytes(progress["snapshot"]["candidates"])
+
+
+@pytest.mark.asyncio
+async def test_window_complete_reports_the_final_snapshot_after_a_confirmed_stop() -> None:
+    provider = FaultProvider(STRAPS)
+    async with fast_manager() as manager:
+        handle = await start(manager, provider, window_ms=300)
+        polls = await poll_to_end(manager, handle.operation_id)
+        final = polls[-1]
+        assert final["status"] == "completed"
+        assert final["result"]["reason"] == "window-complete" and final["result"]["partial"] is False
+        assert len(final["result"]["candidates"]) == 5
+        final_snapshot_equals_result(final)
+        assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
+        assert "retry_after_seconds" not in final and final["diagnostics"] == []
+        assert final["causal/context"]["trace/id"] == "t-1"
+        assert provider.calls == ["start", "stop", "stop-ack"]
+        assert manager.claims.holder(claim_key("ble", None)) is None
+        assert handle.termination_confirmed
+        assert_valid_polls(polls)
+    assert other_tasks() == set()
+
+
+@pytest.mark.asyncio
+async def test_nothing_in_scope_completes_with_final_revision_zero() -> None:
+    async with fast_manager() as manager:
+        handle = await start(manager, FaultProvider([]), window_ms=100)
+        polls = await poll_to_end(manager, handle.operation_id)
+        final = polls[-1]
+        assert final["status"] == "completed" and "progress" not in final
+        assert final["result"]["final_revision"] == 0 and final["result"]["candidates"] == []
+        assert_valid_polls(polls)
+
+
+@pytest.mark.asyncio
+async def test_limit_reached_by_count_stops_early_and_keeps_the_first_devices() -> None:
+    provider = FaultProvider(STRAPS)
+    async with fast_manager() as manager:
+        handle = await start(manager, provider, scope=ble_scope(max_candidates=2), window_ms=5_000)
+        started = anyio.current_time()
+        polls = await poll_to_end(manager, handle.operation_id)
+        assert anyio.current_time() - started < 2.5, "a limit ends the session before its window"
+        final = polls[-1]
+        assert final["status"] == "completed"
+        assert final["result"]["reason"] == "limit-reached" and final["result"]["partial"] is True
+        labels = sorted(c["label"] for c in final["result"]["candidates"])
+        assert labels == ["strap-0", "strap-1"]
+        final_snapshot_equals_result(final)
+        assert provider.acknowledged_stops == 1
+        assert_valid_polls(polls)
+
+
+@pytest.mark.asyncio
+async def test_limit_reached_by_bytes_never_exceeds_the_bound() -> None:
+    bound = 1_200
+    provider = FaultProvider([(i * 5, strap(i, name="x" * 60)) for i in range(20)])
+    async with fast_manager() as manager:
+        handle = await start(manager, provider, scope=ble_scope(max_snapshot_bytes=bound), window_ms=5_000)
+        polls = await poll_to_end(manager, handle.operation_id)
+        final = polls[-1]
+        assert final["result"]["reason"] == "limit-reached"
+        assert 0 < len(final["result"]["candidates"]) < 20
+        for poll in polls:
+            if "progress" in poll:
+                assert len(canonical_bytes(poll["progress"]["snapshot"])) <= bound
+                assert poll["progress"]["bounds"]["max_snapshot_bytes"] == bound
+        assert_valid_polls(polls)
+
+
+@pytest.mark.asyncio
+async def test_limit_reached_by_max_revisions() -> None:
+    provider = FaultProvider([(i * 120, strap(i)) for i in range(10)])
+    async with fast_manager() as manager:
+        handle = await start(manager, provider, profile=with_profile(max_revisions=2), window_ms=5_000)
+        polls = await poll_to_end(manager, handle.operation_id)
+        final = polls[-1]
+        assert final["result"]["reason"] == "limit-reached"
+        assert final["result"]["final_revision"] == 2 == final["progress"]["revision"]
+        final_snapshot_equals_result(final)
+        assert_valid_polls(polls)
+
+
+@pytest.mark.asyncio
+async def test_deadline_reached_when_the_callers_deadline_cut_the_window() -> None:
+    async with fast_manager() as manager:
+        handle = await start(manager, FaultProvider(STRAPS), window_ms=200, cut_by_deadline=True)
+        polls = await poll_to_end(manager, handle.operation_id)
+        final = polls[-1]
+        assert final["result"]["reason"] == "deadline-reached" and final["result"]["partial"] is True
+        final_snapshot_equals_result(final)
+        assert_valid_polls(polls)
+
+
+@pytest.mark.asyncio
+async def test_a_window_end_whose_stop_raises_is_failed_cleanup_unconfirmed_with_the_claim_held() -> None:
+    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(RAISE,)))
+    async with fast_manager(cleanup_retry_initial_s=10.0) as manager:
+        handle = await start(manager, provider, window_ms=150)
+        polls = await poll_to_end(manager, handle.operation_id)
+        final = polls[-1]
+        assert final["status"] == "failed"
+        assert final["error"]["code"] == "cleanup-unconfirmed"
+        assert final["cleanup"] == {"state": "uncertain", "claim": "held"}
+        assert "result" not in final and "progress" not in final
+        assert manager.claims.holder(claim_key("ble", None)) == handle.operation_id
+        assert not handle.termination_confirmed
+        assert_valid_polls(polls)
+
+
+@pytest.mark.asyncio
+async def test_provider_start_failure_fails_without_a_stop() -> None:
+    provider = FaultProvider(fault=Fault(start_error=ProviderUnavailable("no adapter")))
+    async with fast_manager() as manager:
+        handle = await start(manager, provider)
+        polls = await poll_to_end(manager, handle.operation_id)
+        final = polls[-1]
+        assert final["status"] == "failed" and final["error"]["code"] == "provider-unavailable"
+        assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
+        assert provider.calls == ["start"]
+        assert manager.claims.holder(claim_key("ble", None)) is None
+        assert_valid_polls(polls)
+
+
+@pytest.mark.asyncio
+async def test_a_session_is_pending_until_its_provider_started() -> None:
+    provider = FaultProvider(STRAPS, fault=Fault(start_delay_ms=150))
+    async with fast_manager() as manager:
+        handle = await start(manager, provider, window_ms=400)
+        first = manager.status(handle.operation_id)
+        assert first["status"] == "pending" and "progress" not in first
+        assert first["retry_after_seconds"] >= 1
+        polls = [first, *await poll_to_end(manager, handle.operation_id)]
+        assert [p["status"] for p in polls].count("running") > 0
+        assert polls[-1]["status"] == "completed"
+        assert_valid_polls(polls)
+
+
+@pytest.mark.asyncio
+async def test_a_provider_restart_mid_session_fails_and_drops_the_generation() -> None:
+    provider = FaultProvider(STRAPS, fault=Fault(fail_at_ms=150))
+    async with fast_manager() as manager:
+        handle = await start(manager, provider, window_ms=2_000)
+        polls = await poll_to_end(manager, handle.operation_id)
+        final = polls[-1]
+        assert any("progress" in p for p in polls), "candidates were visible before the restart"
+        assert final["status"] == "failed" and final["error"]["code"] == "provider-restarted"
+        assert "progress" not in final and "result" not in final
+        assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
+        seen = [p for p in polls if "progress" in p][-1]["progress"]["snapshot"]["candidates"]
+        assert all(handle.binding_target(c["candidate/ref"]) is None for c in seen)
+        assert provider.acknowledged_stops == 1
+        assert_valid_polls(polls)
+
+
+@pytest.mark.asyncio
+async def test_timed_out_when_the_connector_timeout_passes() -> None:
+    provider = FaultProvider(STRAPS)
+    async with fast_manager() as manager:
+        handle = await start(manager, provider, window_ms=3_000, timeout_ms=200)
+        polls = await poll_to_end(manager, handle.operation_id)
+        final = polls[-1]
+        assert final["status"] == "timed-out" and final["error"]["code"] == "deadline-exceeded"
+        assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
+        assert provider.acknowledged_stops == 1
+        assert_valid_polls(polls)
+
+
+@pytest.mark.asyncio
+async def test_expired_when_expires_at_passes_and_the_stop_still_bounded() -> None:
+    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(HANG, StopStep("ack"))))
+    async with fast_manager() as manager:
+        handle = await start(manager, provider, window_ms=3_000, expires_in_ms=200)
+        started = anyio.current_time()
+        polls = await poll_to_end(manager, handle.operation_id)
+        assert anyio.current_time() - started < 2.0, "the hanging stop is bounded by cleanup_timeout_ms"
+        final = polls[-1]
+        assert final["status"] == "expired" and final["error"]["code"] == "deadline-exceeded"
+        assert final["cleanup"] == {"state": "uncertain", "claim": "held"}
+        assert_valid_polls(polls)
+        with anyio.fail_after(2):
+            while manager.claims.holder(claim_key("ble", None)) is not None:
+                await anyio.sleep(0.02)
+        assert manager.status(handle.operation_id)["cleanup"] == {"state": "confirmed", "claim": "released"}
+        assert manager.status(handle.operation_id)["status"] == "expired"
+
+
+@pytest.mark.asyncio
+async def test_a_start_cut_off_by_the_timeout_fails_deadline_exceeded() -> None:
+    provider = FaultProvider(STRAPS, fault=Fault(start_delay_ms=2_000))
+    async with fast_manager() as manager:
+        handle = await start(manager, provider, window_ms=3_000, timeout_ms=150)
+        polls = await poll_to_end(manager, handle.operation_id)
+        final = polls[-1]
+        assert final["status"] == "failed" and final["error"]["code"] == "deadline-exceeded"
+        assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
+        assert_valid_polls(polls)
