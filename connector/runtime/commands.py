@@ -358,6 +358,19 @@ class CommandRunner:
         retry = job.action.retry_after_seconds if job is not None else 1
         return status_document(operation, retry_after_seconds=retry)
 
+    async def wait_status(self, operation_id: str, timeout_s: float) -> dict[str, Any]:
+        """Long poll: the status once terminal, or after `timeout_s` with the current status."""
+        job = self._jobs.get(operation_id)
+        if job is not None and timeout_s > 0:
+            with anyio.move_on_after(timeout_s):
+                await job.done.wait()
+        return await self.status(operation_id)
+
+    async def active_operations(self, owner: str) -> int:
+        """How many non-terminal operations `owner` has (for the per-principal limit)."""
+        rows = await self._state.list_operations([Status.PENDING.value, Status.RUNNING.value])
+        return sum(1 for row in rows if row.owner == owner)
+
     async def cancel(self, operation_id: str) -> dict[str, Any]:
         """Cancel and wait for the confirmed end; a terminal operation answers its unchanged status."""
         operation = await self._require(operation_id)

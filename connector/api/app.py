@@ -1,0 +1,60 @@
+"""The FastAPI application: connector routes, health, metrics, and whatever the host adds."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from fastapi import APIRouter, FastAPI
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
+from starlette.responses import Response
+
+from connector.api.connector_routes import connector_router
+from connector.api.errors import DEFAULT_MAX_BODY_BYTES, BodyLimit, JsonResponse, install_error_handlers
+from connector.service.connector import ConnectorService
+
+
+@dataclass(slots=True)
+class Readiness:
+    """What `/healthz` waits for (SPEC 9)."""
+
+    catalog_verified: bool = False
+    interrupted_marked: bool = False
+    bus_required: bool = False
+    bus_subscribed: bool = False
+
+    @property
+    def ready(self) -> bool:
+        """True once every start-up duty is done."""
+        bus_ok = self.bus_subscribed or not self.bus_required
+        return self.catalog_verified and self.interrupted_marked and bus_ok
+
+
+def create_app(
+    service: ConnectorService,
+    *,
+    readiness: Readiness,
+    metrics: CollectorRegistry,
+    routers: Iterable[APIRouter] = (),
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> FastAPI:
+    """Build the HTTP face of one connector process."""
+    app = FastAPI(title="sensorium-os-connector", version="0.1.0", docs_url=None, redoc_url=None)
+    install_error_handlers(app)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.include_router(connector_router(service))
+    for router in routers:
+        app.include_router(router)
+
+    @app.get("/healthz")
+    async def healthz() -> Response:
+        """200 once ready, else 503."""
+        ready = readiness.ready
+        return JsonResponse({"status": "ok" if ready else "starting"}, status_code=200 if ready else 503)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        """Prometheus counters; never candidate data."""
+        return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)
+
+    return app

@@ -1,0 +1,138 @@
+"""HTTP edge: every error is a `sensorium-error.v1` with a stable code and no echo of the input."""
+
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.responses import Response
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from connector.errors import SensoriumError
+from connector.service.replies import Reply, error_reply
+
+_log = logging.getLogger("sensorium.api")
+
+DEFAULT_MAX_BODY_BYTES = 65536
+_CODE_BY_STATUS = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large", 400: "invalid-json"}
+
+
+class JsonResponse(Response):
+    """Compact UTF-8 JSON."""
+
+    media_type = "application/json"
+
+    def render(self, content: Any) -> bytes:
+        """Serialise without insignificant whitespace."""
+        return json.dumps(content, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
+
+
+def to_response(reply: Reply) -> Response:
+    """A service reply as an HTTP response."""
+    if reply.body is None:
+        return Response(status_code=reply.status_code, headers=dict(reply.headers))
+    return JsonResponse(dict(reply.body), status_code=reply.status_code, headers=dict(reply.headers))
+
+
+def error_response(code: str, message: str, *, diagnostics: Sequence[Mapping[str, str]] = ()) -> Response:
+    """A refusal built from a code."""
+    return to_response(error_reply(SensoriumError(message, code=code, diagnostics=diagnostics)))
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Map framework errors (404, 405, 422, 500) to `sensorium-error.v1`."""
+
+    async def on_http(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, StarletteHTTPException)
+        code = _CODE_BY_STATUS.get(exc.status_code, "internal" if exc.status_code >= 500 else "not-found")
+        response = error_response(code, code.replace("-", " "))
+        response.status_code = exc.status_code
+        return response
+
+    async def on_validation(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, RequestValidationError)
+        paths = ["/" + "/".join(str(p) for p in err.get("loc", ())) for err in exc.errors()][:16]
+        diagnostics = [{"code": "invalid-input", "message": f"{path}: invalid"} for path in paths]
+        return error_response(
+            "invalid-input", "the request does not match this route", diagnostics=diagnostics
+        )
+
+    async def on_unexpected(_: Request, exc: Exception) -> Response:
+        _log.error("request failed with an unexpected %s", type(exc).__name__)
+        return error_response("internal", "internal error")
+
+    app.add_exception_handler(StarletteHTTPException, on_http)
+    app.add_exception_handler(RequestValidationError, on_validation)
+    app.add_exception_handler(Exception, on_unexpected)
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over `max_bytes` with 413 `body-too-large`."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int = DEFAULT_MAX_BODY_BYTES) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Buffer at most `max_bytes` of the body, then hand it to the app in one message."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope.get("headers") or []).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.max_bytes):
+            await self._refuse(scope, receive, send)
+            return
+        chunks: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                break
+            size += len(message.get("body", b""))
+            if size > self.max_bytes:
+                await self._refuse(scope, receive, send)
+                return
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                break
+        body = b"".join(chunks)
+        delivered = False
+
+        async def replay() -> Message:
+            nonlocal delivered
+            if delivered:
+                return await receive()
+            delivered = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = error_response("body-too-large", "the request body is too large")
+        await response(scope, receive, send)
+
+
+def parse_json_body(raw: bytes) -> Any:
+    """The request body as JSON; `invalid-json` (400) when it is not (no echo of the bytes)."""
+    try:
+        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError) as error:
+        raise SensoriumError("the body is not JSON", code="invalid-json") from error
+
+
+def _refuse_constant(_: str) -> Any:
+    raise ValueError("non-finite number")
+
+
+def bearer_token(request: Request) -> str | None:
+    """The token of `Authorization: Bearer <token>`, else None."""
+    header = request.headers.get("authorization", "")
+    scheme, _, token = header.partition(" ")
+    if scheme.lower() != "bearer" or not token.strip():
+        return None
+    return token.strip()

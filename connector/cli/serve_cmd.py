@@ -1,0 +1,107 @@
+"""`sensorium-connector serve`: connector, reference host, poller and console in one process."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import anyio
+import uvicorn
+
+from connector.cli.main import EXIT_OK, EXIT_USAGE, usage_error
+from connector.errors import CatalogError
+from connector.service.assembly import Assembled, ConnectorConfig, assemble
+
+_log = logging.getLogger("sensorium.serve")
+
+
+def register(subparsers: Any) -> None:
+    """Add the `serve` command."""
+    parser = subparsers.add_parser("serve", help="run the connector service")
+    parser.add_argument("--data-dir", type=Path, default=Path(".sensorium"))
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8787)
+    parser.add_argument("--catalog", type=Path, default=Path("catalog/actions.json"))
+    parser.add_argument("--trust", type=Path, default=Path("catalog/trust"))
+    parser.add_argument("--replay", action="append", default=[], metavar="TRANSPORT=FILE")
+    parser.add_argument("--replay-speed", type=float, default=1.0)
+    parser.add_argument("--nats", default=None, metavar="URL")
+    parser.add_argument("--mdns-interfaces", default=None, metavar="IP[,IP...]")
+    parser.add_argument("--ble-adapter", default=None)
+    parser.set_defaults(handler=run)
+
+
+def parse_replays(values: list[str]) -> dict[str, Path]:
+    """`TRANSPORT=FILE` pairs; ValueError with a one-line reason otherwise."""
+    replays: dict[str, Path] = {}
+    for value in values:
+        transport, sep, path = value.partition("=")
+        if not sep or transport not in ("ble", "usb-serial", "mdns") or not path:
+            raise ValueError("--replay takes TRANSPORT=FILE with TRANSPORT one of ble, usb-serial, mdns")
+        if not Path(path).is_file():
+            raise ValueError(f"--replay fixture for {transport} is not a readable file")
+        replays[transport] = Path(path)
+    return replays
+
+
+def config_from(args: argparse.Namespace) -> ConnectorConfig:
+    """The process configuration from parsed arguments."""
+    interfaces = [ip for ip in args.mdns_interfaces.split(",") if ip] if args.mdns_interfaces else None
+    if args.replay_speed <= 0:
+        raise ValueError("--replay-speed must be greater than 0")
+    return ConnectorConfig(
+        data_dir=args.data_dir,
+        catalog=args.catalog,
+        trust_dir=args.trust,
+        replay=parse_replays(args.replay),
+        replay_speed=args.replay_speed,
+        ble_adapter=args.ble_adapter,
+        mdns_interfaces=interfaces,
+        nats_url=args.nats,
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    """Bind, serve until SIGTERM/SIGINT, stop every session with confirmed cleanup, exit."""
+    logging.basicConfig(
+        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = config_from(args)
+        listener = socket.create_server((args.host, args.port), reuse_port=False)
+    except (ValueError, OSError) as error:
+        return usage_error(str(error))
+    try:
+        anyio.run(_serve, config, listener)
+    except CatalogError as error:
+        return usage_error(f"catalog refused ({error.code}): {error.message}")
+    return EXIT_OK
+
+
+async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
+    config.data_dir.mkdir(parents=True, exist_ok=True)
+    async with assemble(config, routers=extra_routers) as assembled:
+        host, port = listener.getsockname()[:2]
+        server = uvicorn.Server(uvicorn.Config(assembled.app, log_level="warning", lifespan="off"))
+        _log.info(
+            "serving on http://%s:%d (catalog %s v%d)",
+            host,
+            port,
+            assembled.catalog.catalog_id,
+            assembled.catalog.version,
+        )
+        await server.serve(sockets=[listener])
+        _log.info("shutting down: stopping sessions with confirmed cleanup")
+    _log.info("stopped")
+
+
+def extra_routers(assembled: Assembled) -> list[Any]:
+    """Routers the reference host and console add (none until they exist)."""
+    return []
+
+
+__all__ = ["EXIT_OK", "EXIT_USAGE", "register", "run"]

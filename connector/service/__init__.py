@@ -1,0 +1,1 @@
+"""The application service shared by the HTTP and Bus faces."""

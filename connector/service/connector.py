@@ -1,0 +1,507 @@
+"""The connector service: admission in SPEC 2 order, then discovery sessions or command actions.
+
+HTTP and the Bus are thin faces over this class. Every method authenticates first and re-checks the
+principal's current grant; an operation that is not the principal's answers `unknown-operation`.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from connector.catalog.signing import VerifiedCatalog
+from connector.contract.catalog_models import CatalogAction
+from connector.contract.validate import validate
+from connector.core import authority
+from connector.core.admission import (
+    check_execution_mode,
+    check_idempotent_replay,
+    directive_fingerprint,
+    find_action,
+    require_status_v2,
+)
+from connector.core.ids import OPERATION_KIND, opaque_id, operation_id, random_operation_id
+from connector.core.lifecycle import Status, is_terminal
+from connector.core.policy import DeferredHostPolicy, discovery_window_end
+from connector.core.scope import DiscoveryScope, parse_discovery_input
+from connector.errors import AdmissionError, SensoriumError
+from connector.runtime.commands import CommandAction, CommandRunner, check_command_input
+from connector.runtime.manager import DiscoveryManager, UnknownOperation
+from connector.service.replies import Reply, error_reply, unknown_operation
+from connector.storage.principals import PrincipalDirectory
+from connector.storage.state import Binding, ConnectorState
+from providers.base import Provider
+
+ProviderFactory = Callable[[str, str | None], Provider]
+BIND_RETRY_AFTER_SECONDS = 1
+MAX_WAIT_SECONDS = 30
+
+
+def wall_clock() -> datetime:
+    """Now, in UTC."""
+    return datetime.now(UTC)
+
+
+def to_ms(moment: datetime) -> int:
+    """Milliseconds since the Unix epoch."""
+    return int(moment.timestamp() * 1000)
+
+
+def parse_time(text: str) -> datetime:
+    """An RFC 3339 UTC time with `Z` (already schema-checked)."""
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+@dataclass(slots=True)
+class _Admitted:
+    """A discovery admission kept in memory for idempotent repeats (fingerprint never stored)."""
+
+    fingerprint: bytes
+    reply: Reply
+
+
+@dataclass(slots=True)
+class _Bindings:
+    """Per-operation consumption and idempotent bind answers (memory only)."""
+
+    consumed: set[str] = field(default_factory=set)
+    by_key: dict[str, tuple[str, Reply]] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class OperationRef:
+    """Where an operation lives and whose it is."""
+
+    operation_id: str
+    kind: str  # "discovery" | "command"
+    owner: str
+    action_id: str
+    transport: str | None
+
+
+class ConnectorService:
+    """Admits directives and serves operations, selections and bindings for authenticated principals."""
+
+    def __init__(
+        self,
+        *,
+        catalog: VerifiedCatalog,
+        principals: PrincipalDirectory,
+        discovery: DiscoveryManager,
+        commands: CommandRunner,
+        state: ConnectorState,
+        providers: ProviderFactory,
+        policy: DeferredHostPolicy | None = None,
+        clock: Callable[[], datetime] = wall_clock,
+        entropy: Callable[[int], bytes] = secrets.token_bytes,
+    ) -> None:
+        self.catalog = catalog
+        self.principals = principals
+        self.discovery = discovery
+        self.commands = commands
+        self.state = state
+        self._providers = providers
+        self.policy = policy or DeferredHostPolicy()
+        self._clock = clock
+        self._entropy = entropy
+        self._admitted: dict[str, _Admitted] = {}
+        self._selections: dict[str, set[str]] = {}
+        self._bindings: dict[str, _Bindings] = {}
+        self._undo_revoked = principals.on_revoked(self._on_revoked)
+
+    # ---- authority -----------------------------------------------------------------------------------------
+
+    def authenticate(self, token: str | None) -> authority.Principal:
+        """The principal behind a bearer token, after picking up any change of the principals file."""
+        self.principals.reload_if_changed()
+        return self.principals.authenticate(token)
+
+    def _on_revoked(self, principal_id: str, action_ids: frozenset[str]) -> None:
+        """A lost grant invalidates that principal's candidates at once; host-owned cleanup follows."""
+        for action_id in action_ids:
+            for operation in self.discovery.revoke_owner(principal_id, action_id=action_id):
+                self._selections.pop(operation, None)
+                self._bindings.pop(operation, None)
+
+    async def locate(self, principal: authority.Principal, op_id: str) -> OperationRef:
+        """The principal's own operation, still covered by a current grant, else `unknown-operation`."""
+        ref = await self._find(op_id)
+        if ref is None or not authority.may_see(principal, ref.owner, ref.action_id, ref.transport):
+            raise unknown_operation()
+        return ref
+
+    async def _find(self, op_id: str) -> OperationRef | None:
+        try:
+            handle = self.discovery.handle(op_id)
+        except UnknownOperation:
+            row = await self.commands.operation(op_id)
+            if row is None:
+                return None
+            return OperationRef(op_id, "command", row.owner, row.action_id, None)
+        return OperationRef(op_id, "discovery", handle.owner, handle.action_id, handle.scope.transport)
+
+    # ---- directives ----------------------------------------------------------------------------------------
+
+    async def invoke(self, token: str | None, directive: Any) -> Reply:
+        """POST /v1/directives: admission in SPEC 2 order, then start or run the work."""
+        try:
+            principal = self.authenticate(token)
+            return await self._admit(principal, directive, idempotency_key=None)
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def invoke_as(self, principal: authority.Principal, directive: Any, *, op_key: str | None) -> Reply:
+        """Admission for an already authenticated principal; `op_key` overrides the idempotency key (Bus)."""
+        try:
+            return await self._admit(principal, directive, idempotency_key=op_key)
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def _admit(
+        self, principal: authority.Principal, directive: Any, *, idempotency_key: str | None
+    ) -> Reply:
+        _check_directive(directive)
+        action = find_action(self.catalog.actions, directive["action_id"])
+        timing = directive["timing"]
+        check_execution_mode(action.execution_mode_support, timing["mode"])
+        raw_input = directive["input"]
+        transport = raw_input.get("transport") if action.action_class == "discovery" else None
+        authority.require_grant(
+            principal, action.action_id, transport if isinstance(transport, str) else None
+        )
+        key = idempotency_key if idempotency_key is not None else directive.get("idempotency_key")
+        if action.action_class == "discovery":
+            return await self._admit_discovery(principal, action, directive, key)
+        return await self._admit_command(principal, action, directive, key)
+
+    def _new_operation_id(self, principal: authority.Principal, action_id: str, key: str | None) -> str:
+        if key is None:
+            return random_operation_id(OPERATION_KIND, self._entropy(16))
+        return operation_id(
+            OPERATION_KIND, principal_id=principal.principal_id, action_id=action_id, idempotency_key=key
+        )
+
+    async def _admit_discovery(
+        self,
+        principal: authority.Principal,
+        action: CatalogAction,
+        directive: Mapping[str, Any],
+        key: str | None,
+    ) -> Reply:
+        timing = directive["timing"]
+        profile = self.catalog.discovery_profile(action.action_id)
+        scope = parse_discovery_input(directive["input"], profile, timeout_ms=timing.get("timeout_ms"))
+        require_status_v2(timing.get("status_versions"))
+        fingerprint = directive_fingerprint(directive)
+        op_id = self._new_operation_id(principal, action.action_id, key)
+        admitted = self._admitted.get(op_id)
+        if admitted is not None:
+            check_idempotent_replay(admitted.fingerprint, fingerprint)
+            return admitted.reply
+        await self._check_concurrency(principal)
+        reply = await self._start_scan(principal, action, directive, scope, op_id)
+        self._admitted[op_id] = _Admitted(fingerprint, reply)
+        return reply
+
+    async def _start_scan(
+        self,
+        principal: authority.Principal,
+        action: CatalogAction,
+        directive: Mapping[str, Any],
+        scope: DiscoveryScope,
+        op_id: str,
+    ) -> Reply:
+        timing = directive["timing"]
+        profile = self.catalog.discovery_profile(action.action_id)
+        now = self._clock()
+        deadline = parse_time(timing["deadline_at"]) if "deadline_at" in timing else None
+        window_end, cut = discovery_window_end(
+            now, scope.window_seconds, deadline, profile.cleanup_timeout_ms
+        )
+        preferred = action.deferred_profile.preferred_max_ttl_seconds if action.deferred_profile else None
+        expires_at = self.policy.effective_expires_at(
+            now, connector_fail_after=None, preferred_max_ttl=preferred, caller_deadline=deadline
+        )
+        retry_after = _retry_after(action)
+        await self.discovery.start_scan(
+            operation_id=op_id,
+            owner=principal.principal_id,
+            action_id=action.action_id,
+            scope=scope,
+            profile=profile,
+            provider=self._providers(scope.transport, scope.adapter),
+            now_ms=to_ms(now),
+            window_end_ms=to_ms(window_end),
+            cut_by_deadline=cut,
+            timeout_ms=timing.get("timeout_ms"),
+            expires_at_ms=to_ms(expires_at),
+            causal_context=directive.get("causal/context"),
+            retry_after_seconds=retry_after,
+        )
+        handle = _deferred_handle(op_id, action.action_id, retry_after, expires_at - now, cancelable=True)
+        return _accepted(handle)
+
+    async def _admit_command(
+        self,
+        principal: authority.Principal,
+        action: CatalogAction,
+        directive: Mapping[str, Any],
+        key: str | None,
+    ) -> Reply:
+        command = CommandAction.from_catalog(action)
+        check_command_input(command, directive["input"])
+        fingerprint = directive_fingerprint(directive).hex()
+        op_id = self._new_operation_id(principal, action.action_id, key)
+        existing = await self.commands.operation(op_id)
+        if existing is not None:
+            check_idempotent_replay(bytes.fromhex(existing.idempotency_fp or ""), bytes.fromhex(fingerprint))
+            return _command_reply(await self.commands.replay(op_id, command))
+        await self._check_concurrency(principal)
+        timing = directive["timing"]
+        now = self._clock()
+        deadline = parse_time(timing["deadline_at"]) if "deadline_at" in timing else None
+        expires_at = self.policy.effective_expires_at(
+            now,
+            connector_fail_after=None,
+            preferred_max_ttl=command.preferred_max_ttl_seconds,
+            caller_deadline=deadline,
+        )
+        answer = await self.commands.submit(
+            op_id,
+            principal.principal_id,
+            command,
+            directive["input"],
+            timing["mode"],
+            now,
+            timeout_ms=timing.get("timeout_ms"),
+            expires_at=expires_at,
+            idempotency_fp=fingerprint,
+            causal_context=directive.get("causal/context"),
+        )
+        return _command_reply(answer)
+
+    async def _check_concurrency(self, principal: authority.Principal) -> None:
+        """Step 9: per-principal limit on non-terminal operations."""
+        active = self.discovery.active_operations(principal.principal_id)
+        active += await self.commands.active_operations(principal.principal_id)
+        if not self.policy.admits_another_operation(active):
+            raise AdmissionError(
+                "too many operations for this principal", code="too-many-operations", retry_after_seconds=1
+            )
+
+    # ---- operations ----------------------------------------------------------------------------------------
+
+    async def status(
+        self,
+        token: str | None,
+        op_id: str,
+        *,
+        wait_seconds: float | None = None,
+        after_revision: int | None = None,
+    ) -> Reply:
+        """GET /v1/operations/{id}, with the optional long poll."""
+        try:
+            ref = await self.locate(self.authenticate(token), op_id)
+            wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
+            if ref.kind == "command":
+                return Reply(200, await self.commands.wait_status(op_id, wait or 0.0))
+            if wait:
+                return Reply(200, await self.discovery.wait_for_change(op_id, after_revision, wait))
+            return Reply(200, self.discovery.status(op_id))
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def cancel(self, token: str | None, op_id: str) -> Reply:
+        """POST /v1/operations/{id}/cancel: the status after the request."""
+        try:
+            ref = await self.locate(self.authenticate(token), op_id)
+            if ref.kind == "command":
+                return Reply(200, await self.commands.cancel(op_id))
+            return Reply(200, self.discovery.cancel(op_id))
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def select(self, token: str | None, op_id: str, body: Any) -> Reply:
+        """POST /v1/operations/{id}/selection: remember a candidate of a running snapshot (memory only)."""
+        try:
+            principal = self.authenticate(token)
+            ref = await self.locate(principal, op_id)
+            authority.require_grant(principal, ref.action_id, ref.transport)
+            candidate_ref = _body_string(body, "candidate/ref", allowed={"candidate/ref"})
+            handle = self.discovery.handle(op_id) if ref.kind == "discovery" else None
+            if handle is None or handle.candidate_document(candidate_ref) is None:
+                raise SensoriumError("unknown candidate", code="unknown-candidate")
+            self._selections.setdefault(op_id, set()).add(candidate_ref)
+            return Reply(200, {"operation/id": op_id, "candidate/ref": candidate_ref, "selected": True})
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def bind(self, token: str | None, op_id: str, body: Any) -> Reply:
+        """POST /v1/operations/{id}/bindings: consume a candidate exactly once and reveal its address."""
+        try:
+            principal = self.authenticate(token)
+            ref = await self.locate(principal, op_id)
+            authority.require_grant(principal, ref.action_id, ref.transport)
+            allowed = {"candidate/ref", "idempotency_key"}
+            candidate_ref = _body_string(body, "candidate/ref", allowed=allowed)
+            key = _body_string(body, "idempotency_key", allowed=allowed)
+            if ref.kind != "discovery":
+                raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
+            return await self._bind(principal, op_id, candidate_ref, key)
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def _bind(self, principal: authority.Principal, op_id: str, candidate_ref: str, key: str) -> Reply:
+        book = self._bindings.setdefault(op_id, _Bindings())
+        earlier = book.by_key.get(key)
+        if earlier is not None:
+            if earlier[0] != candidate_ref:
+                raise SensoriumError(
+                    "idempotency key reused for another candidate", code="idempotency-conflict"
+                )
+            return earlier[1]
+        handle = self.discovery.handle(op_id)
+        _check_bindable(handle.status, handle.termination_confirmed)
+        document = handle.candidate_document(candidate_ref)
+        target = handle.binding_target(candidate_ref)
+        if document is None or target is None:
+            raise SensoriumError("unknown candidate", code="unknown-candidate")
+        now = self._clock()
+        expires_ms = handle.candidate_expires_at_ms(candidate_ref)
+        if expires_ms is not None and expires_ms <= to_ms(now):
+            raise SensoriumError("the candidate expired", code="candidate-expired")
+        if candidate_ref in book.consumed:
+            raise SensoriumError("the candidate was already bound", code="candidate-consumed")
+        book.consumed.add(candidate_ref)  # before any await: concurrent binds see it at once
+        binding = Binding(opaque_id(self._entropy(16)), principal.principal_id, target[0], target[1], now)
+        try:
+            await self.state.insert_binding(binding)
+        except BaseException:
+            book.consumed.discard(candidate_ref)
+            raise
+        reply = Reply(201, _binding_document(binding, op_id, candidate_ref, document))
+        book.by_key[key] = (candidate_ref, reply)
+        return reply
+
+    async def forget(self, token: str | None, binding_id: str) -> Reply:
+        """DELETE /v1/bindings/{id}: erase a binding (the owner's own, or any for an operator)."""
+        try:
+            principal = self.authenticate(token)
+            binding = await self.state.get_binding(binding_id)
+            if binding is None or not authority.may_forget_binding(principal, binding.owner):
+                raise SensoriumError("unknown binding", code="unknown-binding")
+            await self.state.delete_binding(binding_id)
+            return Reply(204, None)
+        except SensoriumError as error:
+            return error_reply(error)
+
+    def catalog_summary(self) -> dict[str, Any]:
+        """GET /v1/catalog."""
+        return self.catalog.summary()
+
+    def revoke(self, token: str | None, principal_id: str, action_id: str | None) -> Reply:
+        """POST /v1/admin/principals/{id}/revoke (operators only)."""
+        try:
+            authority.require_operator(self.authenticate(token))
+            lost = self.principals.revoke_now(principal_id, action_id)
+            return Reply(200, {"principal/id": principal_id, "revoked_actions": sorted(lost)})
+        except SensoriumError as error:
+            return error_reply(error)
+
+
+def _check_directive(directive: Any) -> None:
+    """Step 2: the directive's schema; failing paths only, never values."""
+    violations = validate("sensorium-directive.v1", directive, via="schema")
+    if violations:
+        diagnostics = [{"code": "invalid-directive", "message": str(v)} for v in violations[:16]]
+        raise AdmissionError(
+            "the directive does not match its schema", code="invalid-directive", diagnostics=diagnostics
+        )
+
+
+def _check_bindable(status: Status, termination_confirmed: bool) -> None:
+    """Binding needs a completed session whose provider stop was acknowledged."""
+    if is_terminal(status) and status is not Status.COMPLETED:
+        raise SensoriumError("this session is not bindable", code="not-bindable")
+    if not termination_confirmed:
+        raise SensoriumError(
+            "the session has not terminated yet",
+            code="session-not-terminated",
+            retry_after_seconds=BIND_RETRY_AFTER_SECONDS,
+        )
+
+
+def _body_string(body: Any, name: str, *, allowed: set[str]) -> str:
+    """A required string field of a small closed request body."""
+    if not isinstance(body, dict) or set(body) - allowed:
+        raise AdmissionError(
+            "the request body has unknown fields",
+            code="invalid-input",
+            diagnostics=[{"code": "invalid-input", "message": "/: closed-object"}],
+        )
+    value = body.get(name)
+    if not isinstance(value, str) or not 1 <= len(value) <= 128:
+        raise AdmissionError(
+            "a required field is missing or malformed",
+            code="invalid-input",
+            diagnostics=[{"code": "invalid-input", "message": f"/{name}: required-string"}],
+        )
+    return value
+
+
+def _retry_after(action: CatalogAction) -> int:
+    profile = action.deferred_profile
+    return profile.retry_after_seconds if profile and profile.retry_after_seconds is not None else 1
+
+
+def _deferred_handle(
+    op_id: str, action_id: str, retry_after: int, ttl: timedelta, *, cancelable: bool
+) -> dict[str, Any]:
+    """A `sensorium-connector-deferred.v1` for a discovery operation."""
+    handle: dict[str, Any] = {
+        "schema": "sensorium-connector-deferred.v1",
+        "connector_operation/id": op_id,
+        "action_id": action_id,
+        "retry_after_seconds": retry_after,
+        "status_path": f"/v1/operations/{op_id}",
+        "fail_after_seconds": max(0, int(ttl.total_seconds())),
+        "diagnostics": [],
+    }
+    if cancelable:
+        handle["cancel_path"] = f"/v1/operations/{op_id}/cancel"
+    return handle
+
+
+def _accepted(handle: Mapping[str, Any]) -> Reply:
+    """202 with `Location` (the status path) and `Retry-After`."""
+    headers = {"Location": handle["status_path"], "Retry-After": str(handle["retry_after_seconds"])}
+    return Reply(202, handle, headers)
+
+
+def _command_reply(answer: Mapping[str, Any]) -> Reply:
+    """A command's answer: 202 for a deferred handle, 200 for a sync result."""
+    if answer.get("schema") == "sensorium-connector-deferred.v1":
+        return _accepted(answer)
+    return Reply(200, answer)
+
+
+def _binding_document(
+    binding: Binding, op_id: str, candidate_ref: str, candidate: Mapping[str, Any]
+) -> dict[str, Any]:
+    """The `sensorium-device-binding.v1`: the only document that reveals the address."""
+    document: dict[str, Any] = {
+        "schema": "sensorium-device-binding.v1",
+        "binding/id": binding.binding_id,
+        "operation/id": op_id,
+        "candidate/ref": candidate_ref,
+        "transport": binding.transport,
+        "bound_at": binding.bound_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
+        "address": binding.address,
+    }
+    for key in ("label", "ble", "usb", "mdns"):
+        if key in candidate:
+            document[key] = candidate[key]
+    return document
