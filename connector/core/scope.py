@@ -12,10 +12,11 @@ Rules of this file:
 
 from __future__ import annotations
 
+import functools
 import re
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any
 
 from connector.core.observations import (
@@ -60,7 +61,7 @@ class DiscoveryProfile:
     result_retention_seconds: int = 600
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, weakref_slot=True)
 class DiscoveryScope:
     """An admitted scan scope, already clamped to its profile."""
 
@@ -93,7 +94,8 @@ LIMIT_KEYS: tuple[str, ...] = ("max_candidates", "max_snapshot_bytes")
 
 MAX_LIST_ITEMS = 64
 MAX_STRING_CHARS = 256
-# `{"candidates":[]}`: no byte bound can be smaller than the empty snapshot.
+# `{"candidates":[]}`: no byte bound can be smaller than the empty snapshot; each candidate adds its
+# canonical bytes and, after the first, one comma.
 EMPTY_SNAPSHOT_BYTES = 17
 RSSI_RANGE = (-128, 127)
 BLUETOOTH_BASE_UUID_SUFFIX = "-0000-1000-8000-00805f9b34fb"
@@ -583,20 +585,24 @@ def mdns_instance(name: str, service_type: str) -> str:
     return stripped
 
 
+def _both(first: _Test, second: _Test) -> _Test:
+    return lambda o: first(o) and second(o)
+
+
+def _either(first: _Test, second: _Test) -> _Test:
+    return lambda o: first(o) or second(o)
+
+
 def _all(tests: Sequence[_Test]) -> _Test:
     if not tests:
         return lambda o: True
-    if len(tests) == 1:
-        return tests[0]
-    return lambda o: all(test(o) for test in tests)
+    return functools.reduce(_both, tests)
 
 
 def _any(tests: Sequence[_Test]) -> _Test:
     if not tests:
         return lambda o: False
-    if len(tests) == 1:
-        return tests[0]
-    return lambda o: any(test(o) for test in tests)
+    return functools.reduce(_either, tests)
 
 
 def _transport_matcher(scope: DiscoveryScope, removal: bool) -> _Test:
@@ -614,12 +620,23 @@ def _transport_matcher(scope: DiscoveryScope, removal: bool) -> _Test:
     return lambda o: keep(o) and not drop(o)
 
 
-@lru_cache(maxsize=256)
-def scope_matcher(scope: DiscoveryScope) -> Matcher:
-    """A fast predicate equivalent to `matches_scope(scope, ...)`, built once per scope."""
+@dataclass(frozen=True, slots=True)
+class _Compiled:
+    """The tests of one scope: for present observations, for removals, and with the type check."""
+
+    present: _Test
+    removed: _Test
+    matcher: Matcher
+
+
+# Keyed weakly: a compiled scope lives exactly as long as its scope (whose filters may hold addresses).
+_COMPILED: weakref.WeakKeyDictionary[DiscoveryScope, _Compiled] = weakref.WeakKeyDictionary()
+
+
+def _compile(scope: DiscoveryScope) -> _Compiled:
     present = _transport_matcher(scope, removal=False)
     if scope.transport == "ble":
-        return lambda o: type(o) is BleObservation and present(o)
+        return _Compiled(present, present, lambda o: type(o) is BleObservation and present(o))
     removed = _transport_matcher(scope, removal=True)
     kind = UsbObservation if scope.transport == "usb-serial" else MdnsObservation
 
@@ -628,7 +645,25 @@ def scope_matcher(scope: DiscoveryScope) -> Matcher:
             return False
         return removed(observation) if observation.event == "remove" else present(observation)
 
-    return matcher
+    return _Compiled(present, removed, matcher)
+
+
+def _compiled(scope: DiscoveryScope) -> _Compiled:
+    compiled = _COMPILED.get(scope)
+    if compiled is None:
+        compiled = _COMPILED[scope] = _compile(scope)
+    return compiled
+
+
+def scope_predicate(scope: DiscoveryScope, *, removal: bool = False) -> Callable[[Any], bool]:
+    """The scope test for an observation already known to be of the scope's transport (hot paths)."""
+    compiled = _compiled(scope)
+    return compiled.removed if removal else compiled.present
+
+
+def scope_matcher(scope: DiscoveryScope) -> Matcher:
+    """A fast predicate equivalent to `matches_scope(scope, ...)`, built once per scope."""
+    return _compiled(scope).matcher
 
 
 def matches_scope(scope: DiscoveryScope, observation: Observation) -> bool:

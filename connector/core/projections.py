@@ -1,0 +1,188 @@
+"""The two projections of a discovery status (SPEC 7): the caller-private v2 status and durable metadata.
+
+Rules of this file:
+- `caller_status_v2` is the only place a snapshot becomes part of a status; it goes to the authorised
+  caller and is never stored;
+- `durable_metadata` is what the registry, digests, operator views, receipts, the Bus and logs get: no
+  candidates, refs, labels or addresses, no `name_prefix`/`instance_prefix` or exclusion values, no identity
+  selectors, no count or number derived from candidate content other than `disclosed_count`;
+- SPEC 1's semantic rules hold by construction: no `progress` while a cancellation is requested (nor once
+  one was made: candidates are no longer delivered), `retry_after_seconds` only before the end, `result`
+  only on `completed` and equal to the final snapshot, `error` only on failed/timed-out/expired.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+from connector.core.candidates import format_ms
+from connector.core.scope import DiscoveryScope, redacted_scope
+from connector.core.snapshot import Revision
+
+STATUS_SCHEMA: Final = "deferred-operation-status.v2"
+RESULT_SCHEMA: Final = "sensorium-device-discovery-result.v1"
+PROGRESS_TYPE: Final = "sensorium-device-discovery-progress.v1"
+TERMINAL: Final = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
+ERROR_STATUSES: Final = frozenset({"failed", "timed-out", "expired"})
+COMPLETE_REASON: Final = "window-complete"
+
+# What a caller reads for each terminal code: fixed text, never an input or device value.
+ERROR_MESSAGES: Final[Mapping[str, str]] = {
+    "provider-unavailable": "no usable adapter for this transport",
+    "provider-failure": "the provider failed during the scan",
+    "provider-restarted": "the adapter or its backend restarted during the scan",
+    "cancellation-unconfirmed": "the scan did not confirm its stop after cancellation",
+    "cleanup-unconfirmed": "the scan did not confirm its stop",
+    "interrupted-by-restart": "the connector restarted during the scan",
+    "grant-revoked": "the caller's grant was revoked",
+    "response-too-large": "the status exceeded the response size limit",
+    "deadline-exceeded": "the operation did not finish before its deadline",
+}
+DEFAULT_ERROR_CODE: Final[Mapping[str, str]] = {
+    "failed": "provider-failure",
+    "timed-out": "deadline-exceeded",
+    "expired": "deadline-exceeded",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class SessionView:
+    """Everything a status needs, assembled by the runtime."""
+
+    operation_id: str
+    operation_kind: str
+    owner: str
+    action_id: str
+    scope: DiscoveryScope
+    status: str
+    created_at_ms: int
+    updated_at_ms: int
+    expires_at_ms: int | None
+    retry_after_seconds: int | None
+    reason: str | None
+    error_code: str | None
+    cancellation_state: str | None
+    cancellation_requested_at_ms: int | None
+    cancellation_confirmed_at_ms: int | None
+    cleanup_state: str
+    claim: str
+    latest: Revision | None
+    final_revision: int
+    erased_at_ms: int | None
+    disclosed_count: int
+    causal_context: Mapping[str, Any] | None = None
+
+
+def _delivers_candidates(view: SessionView) -> bool:
+    """Candidates reach the caller unless erased or once a cancellation was asked for."""
+    return view.latest is not None and view.erased_at_ms is None and view.cancellation_state is None
+
+
+def _progress(view: SessionView, revision: Revision) -> dict[str, Any]:
+    return {
+        "type": PROGRESS_TYPE,
+        "revision": revision.revision,
+        "generation": revision.generation,
+        "snapshot": revision.snapshot(),
+        "bounds": {
+            "max_candidates": view.scope.max_candidates,
+            "max_snapshot_bytes": view.scope.max_snapshot_bytes,
+        },
+    }
+
+
+def _result(view: SessionView) -> dict[str, Any]:
+    """The discovery result: the final snapshot, or its erased shape after retention."""
+    reason = view.reason or COMPLETE_REASON
+    result: dict[str, Any] = {
+        "schema": RESULT_SCHEMA,
+        "reason": reason,
+        "partial": reason != COMPLETE_REASON,
+        "final_revision": view.final_revision,
+        "candidates": [],
+    }
+    if view.erased_at_ms is not None:
+        result["erased_at"] = format_ms(view.erased_at_ms)
+    elif view.latest is not None:
+        result["final_revision"] = view.latest.revision
+        result["candidates"] = list(view.latest.candidates)
+    else:
+        result["final_revision"] = 0
+    return result
+
+
+def _error(view: SessionView) -> dict[str, str]:
+    code = view.error_code or DEFAULT_ERROR_CODE[view.status]
+    return {"code": code, "message": ERROR_MESSAGES.get(code, "the operation did not complete")}
+
+
+def _cancellation(view: SessionView) -> dict[str, Any] | None:
+    if view.cancellation_state is None or view.cancellation_requested_at_ms is None:
+        return None
+    cancellation: dict[str, Any] = {
+        "state": view.cancellation_state,
+        "requested_at": format_ms(view.cancellation_requested_at_ms),
+    }
+    if view.cancellation_state == "confirmed" and view.cancellation_confirmed_at_ms is not None:
+        cancellation["confirmed_at"] = format_ms(view.cancellation_confirmed_at_ms)
+    return cancellation
+
+
+def caller_status_v2(view: SessionView) -> dict[str, Any]:
+    """The caller-private `deferred-operation-status.v2` of a discovery (never stored)."""
+    status: dict[str, Any] = {
+        "schema": STATUS_SCHEMA,
+        "schema/v": 2,
+        "operation/id": view.operation_id,
+        "operation/kind": view.operation_kind,
+        "status": view.status,
+        "updated_at": format_ms(view.updated_at_ms),
+        "diagnostics": [],
+    }
+    if view.expires_at_ms is not None:
+        status["expires_at"] = format_ms(view.expires_at_ms)
+    if view.retry_after_seconds is not None and view.status not in TERMINAL:
+        status["retry_after_seconds"] = view.retry_after_seconds
+    if view.latest is not None and _delivers_candidates(view):
+        status["progress"] = _progress(view, view.latest)
+    if view.status == "completed":
+        status["result"] = _result(view)
+    if view.status in ERROR_STATUSES:
+        status["error"] = _error(view)
+    cancellation = _cancellation(view)
+    if cancellation is not None:
+        status["cancellation"] = cancellation
+    status["cleanup"] = {"state": view.cleanup_state, "claim": view.claim}
+    if view.causal_context is not None:
+        status["causal/context"] = dict(view.causal_context)
+    return status
+
+
+def durable_metadata(view: SessionView) -> dict[str, Any]:
+    """The durable projection (SPEC 7): what may be stored, digested, logged or sent on the Bus."""
+    metadata: dict[str, Any] = {
+        "operation/id": view.operation_id,
+        "operation/kind": view.operation_kind,
+        "owner": view.owner,
+        "action_id": view.action_id,
+        "status": view.status,
+        "created_at": format_ms(view.created_at_ms),
+        "updated_at": format_ms(view.updated_at_ms),
+        "scope": redacted_scope(view.scope),
+        "disclosed_count": view.disclosed_count,
+        "cleanup": {"state": view.cleanup_state, "claim": view.claim},
+    }
+    if view.expires_at_ms is not None:
+        metadata["expires_at"] = format_ms(view.expires_at_ms)
+    if view.status == "completed":
+        metadata["reason"] = view.reason or COMPLETE_REASON
+    if view.status in ERROR_STATUSES:
+        metadata["error_code"] = _error(view)["code"]
+    cancellation = _cancellation(view)
+    if cancellation is not None:
+        metadata["cancellation"] = cancellation
+    if view.erased_at_ms is not None:
+        metadata["erased_at"] = format_ms(view.erased_at_ms)
+    return metadata
