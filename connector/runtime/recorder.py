@@ -190,7 +190,7 @@ def _pseudonymised_mdns(observation: MdnsObservation, names: Pseudonymiser) -> M
 def pseudonymised(observation: Observation, names: Pseudonymiser) -> Observation:
     """The observation with its identities replaced by this recording's pseudonyms."""
     if isinstance(observation, BleObservation):
-        return replace(observation, address=names.ble_address(observation.address))
+        return observation._replace(address=names.ble_address(observation.address))
     if isinstance(observation, UsbObservation):
         serial_number = observation.serial_number
         return replace(
