@@ -1,0 +1,638 @@
+"""The operator console (SPEC 8, 11): server-rendered HTML under `/admin/`, usable without JavaScript.
+
+Rules of this file:
+- a browser without a live operator session is sent (303) to `/admin/sign-in`; the session id lives only in
+  an HttpOnly, SameSite=Strict, Path=/admin cookie and in server memory (keyed by its SHA-256). `Secure` is
+  not set: `serve` speaks plain http on loopback, where a Secure cookie would never come back;
+- every form POST carries the CSRF token bound to its session (sign-in: a double-submit nonce) or gets 403;
+  a cross-origin `Origin` or `Sec-Fetch-Site` is refused as well;
+- pages render only whitelisted durable fields of the host's operator views, as text: never continuations,
+  payloads, progress, snapshots or candidates, whatever else a view might carry;
+- the operator's token stays in server memory to call the host's operator views as that operator, which
+  re-check it on every request: a revoked operator loses the console at once;
+- messages are fixed text or wire codes, never an input value.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, replace
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any, Final, Protocol
+from urllib.parse import parse_qs, quote
+
+from fastapi import APIRouter, Request
+from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+
+from connector.core.authority import Principal
+from connector.errors import HTTP_STATUS_BY_CODE, SensoriumError
+from connector.service.connector import wall_clock
+from connector.service.replies import Reply
+
+SESSION_COOKIE: Final = "sensorium_console"
+SIGN_IN_COOKIE: Final = "sensorium_console_sign_in"
+COOKIE_PATH: Final = "/admin"
+SIGN_IN_PATH: Final = "/admin/sign-in"
+LIST_PATH: Final = "/admin/deferred-operations"
+IDLE_TIMEOUT: Final = timedelta(hours=8)
+ABSOLUTE_TIMEOUT: Final = timedelta(hours=24)
+SIGN_IN_NONCE_SECONDS: Final = 900
+MAX_SESSIONS: Final = 256
+MAX_FORM_BYTES: Final = 4096
+STATUSES: Final = (
+    "pending",
+    "running",
+    "completed",
+    "failed",
+    "timed-out",
+    "cancelled",
+    "expired",
+    "unknown",
+)
+TERMINAL: Final = frozenset(STATUSES[2:])
+_MAX_TEXT = 256
+_STATIC = Path(__file__).resolve().parent / "static"
+
+SECURITY_HEADERS: Final[Mapping[str, str]] = {
+    "Cache-Control": "no-store",
+    "Content-Security-Policy": (
+        "default-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; "
+        "frame-ancestors 'none'; base-uri 'none'"
+    ),
+    "X-Frame-Options": "DENY",
+    "X-Content-Type-Options": "nosniff",
+    # Not `no-referrer`: under it browsers send `Origin: null` on form POSTs, which the origin check refuses.
+    "Referrer-Policy": "same-origin",
+}
+
+
+class OperatorViews(Protocol):
+    """The host's operator surface the console renders (`HostService`)."""
+
+    async def operator_list(self, token: str | None, status: str | None) -> Reply: ...
+    async def operator_detail(self, token: str | None, op_id: str) -> Reply: ...
+    async def operator_poll(self, token: str | None, op_id: str) -> Reply: ...
+    async def operator_cancel(self, token: str | None, op_id: str) -> Reply: ...
+
+
+# ---- sessions (no I/O; `now` is passed in) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class ConsoleSession:
+    """One signed-in operator browser; the token is kept only to call the host's operator views."""
+
+    principal_id: str
+    token: str
+    csrf_token: str
+    created_at: datetime
+    last_seen_at: datetime
+    notice: str | None = None
+
+    def __repr__(self) -> str:
+        return f"ConsoleSession(principal_id={self.principal_id!r})"
+
+
+def _key(cookie: str) -> str:
+    """Sessions are stored under the SHA-256 of their cookie value, never the value itself."""
+    return hashlib.sha256(cookie.encode("utf-8")).hexdigest()
+
+
+class ConsoleSessions:
+    """Server-side operator sessions with idle and absolute expiry and a bounded population."""
+
+    def __init__(
+        self,
+        *,
+        idle: timedelta = IDLE_TIMEOUT,
+        absolute: timedelta = ABSOLUTE_TIMEOUT,
+        capacity: int = MAX_SESSIONS,
+        entropy: Callable[[int], str] = secrets.token_urlsafe,
+    ) -> None:
+        self.idle = idle
+        self.absolute = absolute
+        self._capacity = capacity
+        self._entropy = entropy
+        self._sessions: dict[str, ConsoleSession] = {}
+
+    def __len__(self) -> int:
+        return len(self._sessions)
+
+    def open(self, principal_id: str, token: str, now: datetime) -> tuple[str, ConsoleSession]:
+        """A new session; returns the cookie value (shown to the browser only) and the session."""
+        self.expire(now)
+        while len(self._sessions) >= self._capacity:
+            oldest = min(self._sessions, key=lambda k: self._sessions[k].last_seen_at)
+            del self._sessions[oldest]
+        cookie = self._entropy(32)
+        session = ConsoleSession(principal_id, token, self._entropy(32), now, now)
+        self._sessions[_key(cookie)] = session
+        return cookie, session
+
+    def find(self, cookie: str | None, now: datetime) -> ConsoleSession | None:
+        """The live session behind a cookie (its idle clock restarts), else None."""
+        if not cookie:
+            return None
+        key = _key(cookie)
+        session = self._sessions.get(key)
+        if session is None:
+            return None
+        if self._expired(session, now):
+            del self._sessions[key]
+            return None
+        touched = replace(session, last_seen_at=now)
+        self._sessions[key] = touched
+        return touched
+
+    def close(self, cookie: str | None) -> None:
+        """End a session (sign-out, or its operator lost the role)."""
+        if cookie:
+            self._sessions.pop(_key(cookie), None)
+
+    def put_notice(self, cookie: str, notice: str) -> None:
+        """Remember one message for the next page of this session (post-redirect-get)."""
+        key = _key(cookie)
+        if key in self._sessions:
+            self._sessions[key] = replace(self._sessions[key], notice=notice)
+
+    def take_notice(self, cookie: str) -> str | None:
+        """The pending message of a session, once."""
+        key = _key(cookie)
+        session = self._sessions.get(key)
+        if session is None or session.notice is None:
+            return None
+        self._sessions[key] = replace(session, notice=None)
+        return session.notice
+
+    def expire(self, now: datetime) -> int:
+        """Drop every session past its idle or absolute limit; returns how many."""
+        stale = [key for key, session in self._sessions.items() if self._expired(session, now)]
+        for key in stale:
+            del self._sessions[key]
+        return len(stale)
+
+    def _expired(self, session: ConsoleSession, now: datetime) -> bool:
+        return now - session.last_seen_at >= self.idle or now - session.created_at >= self.absolute
+
+
+def csrf_matches(expected: str, presented: str | None) -> bool:
+    """Constant-time comparison of a CSRF token."""
+    return bool(presented) and hmac.compare_digest(expected.encode(), (presented or "").encode())
+
+
+# ---- what a page may show ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class OperationView:
+    """The whitelisted, text-only durable fields of one operation."""
+
+    operation_id: str
+    href: str
+    operation_kind: str
+    capability_id: str
+    owner_module_id: str
+    owner: str
+    status: str
+    status_text: str
+    status_class: str
+    terminal: bool
+    created_at: str
+    updated_at: str
+    retry_after: str
+    next_poll_at: str
+    expires_at: str
+    attempts: str
+    cancelable: bool
+    cancelability: str
+    cancellation: str
+    cleanup: str
+    outcome: str
+    disclosed_count: int | None
+    correlation_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class HistoryView:
+    """One status-history event: its digest only."""
+
+    seq: str
+    at: str
+    status: str
+    digest: str
+
+
+def _text(value: Any) -> str:
+    """A scalar as bounded text; anything structured is not shown."""
+    if value is None or isinstance(value, (dict, list, tuple, set)):
+        return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, (int, str)):
+        return str(value)[:_MAX_TEXT]
+    return ""
+
+
+def _mapping(value: Any) -> Mapping[str, Any]:
+    return value if isinstance(value, Mapping) else {}
+
+
+def operation_href(operation_id: str) -> str:
+    """The console path of one operation."""
+    return f"{LIST_PATH}/{quote(operation_id, safe='')}"
+
+
+def _status_text(status: str, cancellation: Mapping[str, Any]) -> tuple[str, str]:
+    """What the status badge says, and its style class."""
+    if status in ("pending", "running") and cancellation.get("state") == "requested":
+        return f"{status}, cancellation requested", "cancelling"
+    if status in STATUSES:
+        return status, status
+    return "unrecognised", "unknown"
+
+
+def _cancellation_text(cancellation: Mapping[str, Any]) -> str:
+    state = _text(cancellation.get("state"))
+    if not state:
+        return ""
+    if state == "requested":
+        return f"cancellation requested at {_text(cancellation.get('requested_at'))}"
+    if state == "confirmed":
+        return f"cancellation confirmed at {_text(cancellation.get('confirmed_at'))}"
+    return f"cancellation {state}"
+
+
+def _cleanup_text(cleanup: Mapping[str, Any]) -> str:
+    state, claim = _text(cleanup.get("state")), _text(cleanup.get("claim"))
+    return f"{state}, claim {claim}" if state and claim else state
+
+
+def _outcome_text(record: Mapping[str, Any], metadata: Mapping[str, Any]) -> str:
+    code = _text(record.get("last_error")) or _text(metadata.get("error_code"))
+    reason = _text(metadata.get("reason"))
+    return " ".join(part for part in (reason, code) if part)
+
+
+def _cancelability(record: Mapping[str, Any]) -> tuple[bool, str]:
+    cancelable = record.get("cancelable") is True
+    if cancelable:
+        return True, "yes"
+    reason = _text(record.get("cancel/unavailable-reason"))
+    return False, f"no: {reason}" if reason else "no"
+
+
+def operation_view(record: Mapping[str, Any]) -> OperationView:
+    """The fields a console page shows of an operator view document, and nothing else."""
+    metadata = _mapping(record.get("metadata"))
+    cancellation = _mapping(metadata.get("cancellation"))
+    status = _text(record.get("status"))
+    status_text, status_class = _status_text(status, cancellation)
+    cancelable, cancelability = _cancelability(record)
+    retry = record.get("retry_after_seconds")
+    disclosed = metadata.get("disclosed_count")
+    operation_id = _text(record.get("operation/id"))
+    return OperationView(
+        operation_id=operation_id,
+        href=operation_href(operation_id),
+        operation_kind=_text(record.get("operation/kind")),
+        capability_id=_text(record.get("capability_id")),
+        owner_module_id=_text(record.get("owner_module_id")),
+        owner=_text(record.get("owner")),
+        status=status,
+        status_text=status_text,
+        status_class=status_class,
+        terminal=status in TERMINAL,
+        created_at=_text(record.get("created_at")),
+        updated_at=_text(record.get("updated_at")),
+        retry_after=f"{retry} s" if isinstance(retry, int) and not isinstance(retry, bool) else "-",
+        next_poll_at=_text(record.get("next_poll_at")) or "-",
+        expires_at=_text(record.get("expires_at")),
+        attempts=_text(record.get("attempts")),
+        cancelable=cancelable,
+        cancelability=cancelability,
+        cancellation=_cancellation_text(cancellation),
+        cleanup=_cleanup_text(_mapping(metadata.get("cleanup"))),
+        outcome=_outcome_text(record, metadata),
+        disclosed_count=disclosed if isinstance(disclosed, int) and not isinstance(disclosed, bool) else None,
+        correlation_id=_text(record.get("correlation/id")),
+    )
+
+
+def history_views(events: Any) -> list[HistoryView]:
+    """The status-history events of a detail document (digests only)."""
+    if not isinstance(events, list):
+        return []
+    return [
+        HistoryView(_text(e.get("seq")), _text(e.get("at")), _text(e.get("status")), _text(e.get("digest")))
+        for e in events
+        if isinstance(e, Mapping)
+    ]
+
+
+# ---- HTTP -------------------------------------------------------------------------------------------------
+
+
+def _environment() -> Environment:
+    """Jinja2 over the package's templates, autoescaping everything, failing on undefined names."""
+    return Environment(
+        loader=PackageLoader("connector.api", "templates"),
+        autoescape=select_autoescape(default=True, default_for_string=True),
+        undefined=StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Context:
+    """A request with a live session."""
+
+    cookie: str
+    session: ConsoleSession
+
+
+class _Console:
+    """The console's request handlers over the host's operator views."""
+
+    def __init__(
+        self,
+        host: OperatorViews,
+        authenticate: Callable[[str | None], Principal],
+        clock: Callable[[], datetime],
+        sessions: ConsoleSessions,
+    ) -> None:
+        self.host = host
+        self.authenticate = authenticate
+        self.clock = clock
+        self.sessions = sessions
+        self.templates = _environment()
+
+    # ---- rendering ----
+
+    def render(self, name: str, status_code: int = 200, **context: Any) -> HTMLResponse:
+        """A page with the console's security headers."""
+        context.setdefault("operator", None)
+        context.setdefault("csrf_token", "")
+        context.setdefault("notice", None)
+        body = self.templates.get_template(f"console/{name}").render(**context)
+        return HTMLResponse(body, status_code=status_code, headers=dict(SECURITY_HEADERS))
+
+    def problem(
+        self, status_code: int, heading: str, explanation: str, ctx: _Context | None = None
+    ) -> HTMLResponse:
+        """An error page (fixed text only)."""
+        signed_in = (
+            {"operator": ctx.session.principal_id, "csrf_token": ctx.session.csrf_token} if ctx else {}
+        )
+        back = (LIST_PATH, "Back to the operations") if ctx else (SIGN_IN_PATH, "Sign in")
+        return self.render(
+            "error.html",
+            status_code,
+            heading=heading,
+            explanation=explanation,
+            back_href=back[0],
+            back_label=back[1],
+            **signed_in,
+        )
+
+    def page(self, name: str, ctx: _Context, **context: Any) -> HTMLResponse:
+        """A page for a signed-in operator, with its pending notice."""
+        notice = self.sessions.take_notice(ctx.cookie)
+        return self.render(
+            name,
+            operator=ctx.session.principal_id,
+            csrf_token=ctx.session.csrf_token,
+            notice=notice,
+            **context,
+        )
+
+    # ---- sessions ----
+
+    def context(self, request: Request) -> _Context | None:
+        """The request's live session, if any."""
+        cookie = request.cookies.get(SESSION_COOKIE)
+        session = self.sessions.find(cookie, self.clock())
+        return _Context(cookie, session) if cookie and session else None
+
+    def sign_in_page(self, problem: str | None = None, status_code: int = 200) -> HTMLResponse:
+        """The sign-in form with a fresh double-submit nonce."""
+        nonce = secrets.token_urlsafe(32)
+        response = self.render(
+            "sign_in.html",
+            status_code,
+            sign_in_nonce=nonce,
+            problem=problem,
+            idle_hours=int(self.sessions.idle.total_seconds() // 3600),
+        )
+        _set_cookie(response, SIGN_IN_COOKIE, nonce, path=SIGN_IN_PATH, max_age=SIGN_IN_NONCE_SECONDS)
+        return response
+
+    async def sign_in(self, request: Request) -> Response:
+        """Check the nonce, authenticate the pasted token, require the operator role, open a session."""
+        refused = _cross_site(request)
+        form = await _form(request)
+        nonce = request.cookies.get(SIGN_IN_COOKIE, "")
+        if refused or not nonce or not csrf_matches(nonce, form.get("csrf_token")):
+            return self.problem(403, "Sign-in refused", "The sign-in form expired or came from elsewhere.")
+        try:
+            principal = self.authenticate(form.get("token") or None)
+        except SensoriumError:
+            return self.sign_in_page("This token was not accepted.", status_code=401)
+        if principal.role != "operator" or principal.revoked:
+            return self.sign_in_page("This token is not an operator's: callers cannot sign in.", 403)
+        cookie, _ = self.sessions.open(principal.principal_id, form["token"], self.clock())
+        response = _redirect(LIST_PATH)
+        _set_cookie(response, SESSION_COOKIE, cookie, path=COOKIE_PATH, max_age=None)
+        response.delete_cookie(SIGN_IN_COOKIE, path=SIGN_IN_PATH, httponly=True, samesite="strict")
+        return response
+
+    def sign_out(self, ctx: _Context) -> Response:
+        """End the session and clear its cookie."""
+        self.sessions.close(ctx.cookie)
+        return self.signed_out()
+
+    def signed_out(self, cookie: str | None = None) -> Response:
+        """Back to the sign-in page without a session cookie."""
+        self.sessions.close(cookie)
+        response = _redirect(SIGN_IN_PATH)
+        response.delete_cookie(SESSION_COOKIE, path=COOKIE_PATH, httponly=True, samesite="strict")
+        return response
+
+    async def checked_post(self, request: Request) -> _Context | Response:
+        """A form POST's live session after its CSRF and origin checks, else the response refusing it."""
+        ctx = self.context(request)
+        if ctx is None:
+            return self.signed_out()
+        form = await _form(request)
+        if _cross_site(request) or not csrf_matches(ctx.session.csrf_token, form.get("csrf_token")):
+            return self.problem(403, "Request refused", "The form is missing its CSRF token.", ctx)
+        return ctx
+
+    # ---- host replies ----
+
+    def refused(self, reply: Reply, ctx: _Context) -> Response:
+        """A host refusal as a page; lost authority ends the session."""
+        code = _code(reply)
+        if reply.status_code in (401, 403):
+            return self.signed_out(ctx.cookie)
+        if reply.status_code == 404:
+            return self.problem(404, "Not found", "No deferred operation with this id.", ctx)
+        return self.problem(reply.status_code, "Request failed", f"The host answered {code}.", ctx)
+
+    async def list_page(self, request: Request, ctx: _Context) -> Response:
+        """GET the list with an optional status filter."""
+        status = request.query_params.get("status") or None
+        if status is not None and status not in STATUSES:
+            return self.problem(400, "Unknown status", "Choose one of the listed statuses.", ctx)
+        reply = await self.host.operator_list(ctx.session.token, status)
+        if reply.status_code != 200:
+            return self.refused(reply, ctx)
+        rows = _mapping(reply.body).get("operations")
+        operations = (
+            [operation_view(r) for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
+        )
+        return self.page(
+            "list.html", ctx, operations=operations, statuses=STATUSES, selected_status=status or ""
+        )
+
+    async def detail_page(self, ctx: _Context, op_id: str) -> Response:
+        """GET one operation's durable view and history digests."""
+        reply = await self.host.operator_detail(ctx.session.token, op_id)
+        if reply.status_code != 200:
+            return self.refused(reply, ctx)
+        body = _mapping(reply.body)
+        view = operation_view(_mapping(body.get("operation")))
+        return self.page("detail.html", ctx, op=view, history=history_views(body.get("history")))
+
+    async def act(self, request: Request, op_id: str, action: str) -> Response:
+        """POST poll-now or cancel, then back to the detail page with what the host answered."""
+        ctx = await self.checked_post(request)
+        if isinstance(ctx, Response):
+            return ctx
+        call = self.host.operator_poll if action == "poll" else self.host.operator_cancel
+        reply = await call(ctx.session.token, op_id)
+        if reply.status_code in (401, 403, 404):
+            return self.refused(reply, ctx)
+        self.sessions.put_notice(ctx.cookie, _action_notice(action, reply))
+        return _redirect(operation_href(op_id))
+
+
+def _action_notice(action: str, reply: Reply) -> str:
+    """Fixed text for what a poll or cancel answered (a status or a code, never a value)."""
+    label = "Poll" if action == "poll" else "Cancel"
+    if reply.status_code != 200:
+        return f"{label} refused: {_code(reply)}."
+    view = operation_view(_mapping(_mapping(reply.body).get("operation")))
+    return f"{label} requested; the host answered: {view.status_text}."
+
+
+def _code(reply: Reply) -> str:
+    """A refusal's code when it is one of SPEC 14's, else a neutral word."""
+    code = _mapping(reply.body).get("code")
+    return code if isinstance(code, str) and code in HTTP_STATUS_BY_CODE else "an error"
+
+
+def _redirect(path: str) -> RedirectResponse:
+    """A 303 See Other carrying the console's security headers."""
+    response = RedirectResponse(path, status_code=303)
+    response.headers.update(SECURITY_HEADERS)
+    return response
+
+
+def _set_cookie(response: Response, name: str, value: str, *, path: str, max_age: int | None) -> None:
+    # No `Secure`: the console is served over plain http on loopback (see the header of this file).
+    response.set_cookie(name, value, max_age=max_age, path=path, httponly=True, samesite="strict")
+
+
+def _cross_site(request: Request) -> bool:
+    """True when the browser says the POST came from another origin."""
+    if request.headers.get("sec-fetch-site", "same-origin") not in ("same-origin", "none"):
+        return True
+    origin = request.headers.get("origin")
+    if origin is None:
+        return False
+    return origin != f"{request.url.scheme}://{request.headers.get('host', '')}"
+
+
+async def _form(request: Request) -> dict[str, str]:
+    """A small urlencoded form (first value of each field); anything else reads as empty."""
+    content_type = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    body = await request.body()
+    if content_type != "application/x-www-form-urlencoded" or len(body) > MAX_FORM_BYTES:
+        return {}
+    try:
+        fields = parse_qs(
+            body.decode("utf-8"), keep_blank_values=True, max_num_fields=8, strict_parsing=False
+        )
+    except (UnicodeDecodeError, ValueError):
+        return {}
+    return {name: values[0] for name, values in fields.items() if values}
+
+
+def console_router(
+    host: OperatorViews,
+    *,
+    authenticate: Callable[[str | None], Principal],
+    clock: Callable[[], datetime] = wall_clock,
+    sessions: ConsoleSessions | None = None,
+) -> APIRouter:
+    """The HTML operator console under `/admin/`."""
+    console = _Console(host, authenticate, clock, sessions or ConsoleSessions())
+    router = APIRouter(include_in_schema=False)
+    css = (_STATIC / "console.css").read_bytes()
+
+    @router.get("/admin/static/console.css")
+    async def stylesheet() -> Response:
+        """The console's only stylesheet."""
+        return Response(css, media_type="text/css", headers={"Cache-Control": "max-age=3600"})
+
+    @router.get("/admin")
+    @router.get("/admin/")
+    async def home(request: Request) -> Response:
+        """The list is the console's home."""
+        return _redirect(LIST_PATH if console.context(request) else SIGN_IN_PATH)
+
+    @router.get(SIGN_IN_PATH)
+    async def sign_in_form(request: Request) -> Response:
+        """The sign-in form (signed-in browsers go to the list)."""
+        return _redirect(LIST_PATH) if console.context(request) else console.sign_in_page()
+
+    @router.post(SIGN_IN_PATH)
+    async def sign_in(request: Request) -> Response:
+        """Exchange an operator token for a session cookie."""
+        return await console.sign_in(request)
+
+    @router.post("/admin/sign-out")
+    async def sign_out(request: Request) -> Response:
+        """End the session (CSRF-checked)."""
+        ctx = await console.checked_post(request)
+        return ctx if isinstance(ctx, Response) else console.sign_out(ctx)
+
+    @router.get(LIST_PATH)
+    async def operations(request: Request) -> Response:
+        """The list with a status filter."""
+        ctx = console.context(request)
+        return await console.list_page(request, ctx) if ctx else console.signed_out()
+
+    @router.get(LIST_PATH + "/{op_id}")
+    async def operation(request: Request, op_id: str) -> Response:
+        """One operation's durable view."""
+        ctx = console.context(request)
+        return await console.detail_page(ctx, op_id) if ctx else console.signed_out()
+
+    @router.post(LIST_PATH + "/{op_id}/poll")
+    async def poll_now(request: Request, op_id: str) -> Response:
+        """Poll the owning connector now."""
+        return await console.act(request, op_id, "poll")
+
+    @router.post(LIST_PATH + "/{op_id}/cancel")
+    async def cancel(request: Request, op_id: str) -> Response:
+        """Request cancellation (bridged only where the operation has a cancel surface)."""
+        return await console.act(request, op_id, "cancel")
+
+    return router
