@@ -10,7 +10,13 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_l
 from starlette.responses import Response
 
 from connector.api.connector_routes import connector_router
-from connector.api.errors import DEFAULT_MAX_BODY_BYTES, BodyLimit, JsonResponse, install_error_handlers
+from connector.api.errors import (
+    DEFAULT_MAX_BODY_BYTES,
+    BodyLimit,
+    InternalErrors,
+    JsonResponse,
+    install_error_handlers,
+)
 from connector.service.connector import ConnectorService
 
 
@@ -42,6 +48,7 @@ def create_app(
     app = FastAPI(title="sensorium-os-connector", version="0.1.0", docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    app.add_middleware(InternalErrors)  # added last: outermost, so it also covers the body limit
     app.include_router(connector_router(service))
     for router in routers:
         app.include_router(router)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from fastapi import APIRouter, Query, Request
@@ -31,11 +32,7 @@ def connector_router(service: ConnectorService) -> APIRouter:
     )
     async def invoke(request: Request) -> Response:
         """sensorium.directive.invoke: 200 sync result or 202 deferred handle."""
-        try:
-            body = await _json(request)
-        except SensoriumError as error:
-            return to_response(error_reply(error))
-        return to_response(await service.invoke(bearer_token(request), body))
+        return await _with_body(service, request, lambda body: service.invoke(bearer_token(request), body))
 
     @router.get("/v1/operations/{operation_id}", responses={401: _ERROR, 404: _ERROR})
     async def status(
@@ -63,7 +60,7 @@ def connector_router(service: ConnectorService) -> APIRouter:
     async def select(request: Request, operation_id: str) -> Response:
         """Select a candidate of a running snapshot."""
         return await _with_body(
-            request, lambda body: service.select(bearer_token(request), operation_id, body)
+            service, request, lambda body: service.select(bearer_token(request), operation_id, body)
         )
 
     @router.post(
@@ -74,7 +71,9 @@ def connector_router(service: ConnectorService) -> APIRouter:
     )
     async def bind(request: Request, operation_id: str) -> Response:
         """Bind a candidate of a terminated session; reveals its address."""
-        return await _with_body(request, lambda body: service.bind(bearer_token(request), operation_id, body))
+        return await _with_body(
+            service, request, lambda body: service.bind(bearer_token(request), operation_id, body)
+        )
 
     @router.delete("/v1/bindings/{binding_id}", status_code=204, responses={401: _ERROR, 404: _ERROR})
     async def forget(request: Request, binding_id: str) -> Response:
@@ -100,11 +99,13 @@ def connector_router(service: ConnectorService) -> APIRouter:
     return router
 
 
-async def _with_body(request: Request, call: Any) -> Response:
-    """Parse the JSON body (400 `invalid-json`) and hand it to a service call."""
+async def _with_body(
+    service: ConnectorService, request: Request, call: Callable[[Any], Awaitable[Reply]]
+) -> Response:
+    """Authenticate (SPEC 2 step 1 comes first), parse the JSON body (400 `invalid-json`), then call."""
     try:
+        service.authenticate(bearer_token(request))
         body = await _json(request)
     except SensoriumError as error:
         return to_response(error_reply(error))
-    reply: Reply = await call(body)
-    return to_response(reply)
+    return to_response(await call(body))

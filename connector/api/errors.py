@@ -19,6 +19,7 @@ from connector.service.replies import Reply, error_reply
 _log = logging.getLogger("sensorium.api")
 
 DEFAULT_MAX_BODY_BYTES = 65536
+MAX_JSON_DEPTH = 64
 _CODE_BY_STATUS = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large", 400: "invalid-json"}
 
 
@@ -62,13 +63,38 @@ def install_error_handlers(app: FastAPI) -> None:
             "invalid-input", "the request does not match this route", diagnostics=diagnostics
         )
 
-    async def on_unexpected(_: Request, exc: Exception) -> Response:
-        _log.error("request failed with an unexpected %s", type(exc).__name__)
-        return error_response("internal", "internal error")
-
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(RequestValidationError, on_validation)
-    app.add_exception_handler(Exception, on_unexpected)
+
+
+class InternalErrors:
+    """ASGI middleware: an unexpected exception answers 500 `internal`, logged by its type name only.
+
+    Starlette's own handler would re-raise, and the server would log a traceback whose text can quote
+    request or device data; nothing of the exception but its type leaves this middleware.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Run the app; turn an escaping exception into a `sensorium-error.v1` when nothing was sent yet."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as error:
+            _log.error("request failed with an unexpected %s", type(error).__name__)
+            if not started:
+                await error_response("internal", "internal error")(scope, receive, send)
 
 
 class BodyLimit:
@@ -118,11 +144,32 @@ class BodyLimit:
 
 
 def parse_json_body(raw: bytes) -> Any:
-    """The request body as JSON; `invalid-json` (400) when it is not (no echo of the bytes)."""
+    """The request body as JSON; `invalid-json` (400) when it is not (no echo of the bytes).
+
+    Nesting deeper than `MAX_JSON_DEPTH` is refused too: no document here needs it, and deeper values
+    would exhaust the stack of the validators and of canonicalisation further in.
+    """
     try:
-        return json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError) as error:
-        raise SensoriumError("the body is not JSON", code="invalid-json") from error
+        value = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise SensoriumError("the body is not JSON", code="invalid-json") from None
+    if _depth_exceeds(value, MAX_JSON_DEPTH):
+        raise SensoriumError("the body nests too deeply", code="invalid-json")
+    return value
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """True when arrays and objects nest deeper than `limit` (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
 
 
 def _refuse_constant(_: str) -> Any:

@@ -15,6 +15,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "connector.cli.fixtures_cmd",
     "connector.cli.principals_cmd",
     "connector.cli.serve_cmd",
+    "connector.cli.ops_cmd",
 )
 
 EXIT_OK = 0

@@ -3,20 +3,44 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
+import signal
 import socket
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import anyio
 import uvicorn
 
+from connector.api.console import console_router
+from connector.bus.messages import Subjects, check_broker_url
 from connector.cli.main import EXIT_OK, EXIT_USAGE, usage_error
 from connector.errors import CatalogError
+from connector.host.routes import host_router
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
 
 _log = logging.getLogger("sensorium.serve")
+
+
+class _Server(uvicorn.Server):
+    """uvicorn that turns SIGTERM/SIGINT into a graceful exit and does not re-raise the signal afterwards.
+
+    uvicorn re-raises a captured signal once it has shut down; the default handler would then kill the
+    process before discovery sessions are stopped with confirmed cleanup.
+    """
+
+    @contextlib.contextmanager
+    def capture_signals(self) -> Iterator[None]:
+        """Install uvicorn's exit handler for the duration of `serve`, then restore the previous ones."""
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            yield
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
 
 
 def register(subparsers: Any) -> None:
@@ -30,6 +54,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--replay", action="append", default=[], metavar="TRANSPORT=FILE")
     parser.add_argument("--replay-speed", type=float, default=1.0)
     parser.add_argument("--nats", default=None, metavar="URL")
+    parser.add_argument("--nats-service", default="sensorium-os", metavar="NAME", help="Bus subject prefix")
     parser.add_argument("--mdns-interfaces", default=None, metavar="IP[,IP...]")
     parser.add_argument("--ble-adapter", default=None)
     parser.set_defaults(handler=run)
@@ -61,8 +86,15 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
         replay_speed=args.replay_speed,
         ble_adapter=args.ble_adapter,
         mdns_interfaces=interfaces,
-        nats_url=args.nats,
+        nats_url=None if args.nats is None else check_broker_url(args.nats),
+        nats_service=_nats_service(args.nats_service),
     )
+
+
+def _nats_service(name: str) -> str:
+    """A Bus service name usable as a subject prefix; ValueError otherwise."""
+    Subjects.for_service(name)
+    return name
 
 
 def run(args: argparse.Namespace) -> int:
@@ -86,7 +118,7 @@ async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     async with assemble(config, routers=extra_routers) as assembled:
         host, port = listener.getsockname()[:2]
-        server = uvicorn.Server(uvicorn.Config(assembled.app, log_level="warning", lifespan="off"))
+        server = _Server(uvicorn.Config(assembled.app, log_level="warning", lifespan="off"))
         _log.info(
             "serving on http://%s:%d (catalog %s v%d)",
             host,
@@ -100,8 +132,11 @@ async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
 
 
 def extra_routers(assembled: Assembled) -> list[Any]:
-    """Routers the reference host and console add (none until they exist)."""
-    return []
+    """Routers the reference host and console add."""
+    return [
+        host_router(assembled.host),
+        console_router(assembled.host, authenticate=assembled.service.authenticate),
+    ]
 
 
 __all__ = ["EXIT_OK", "EXIT_USAGE", "register", "run"]

@@ -6,22 +6,28 @@ import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 
 from fastapi import APIRouter, FastAPI
 from prometheus_client import CollectorRegistry, Gauge
 
 from connector.api.app import Readiness, create_app
+from connector.bus.adapter import BusAdapter, BusSettings
 from connector.catalog.loader import load_verified_catalog
 from connector.catalog.signing import VerifiedCatalog
 from connector.core.observations import Transport
+from connector.core.policy import DeferredHostPolicy
 from connector.core.scope import DiscoveryScope
 from connector.errors import ProviderError
+from connector.host.metrics import HostMetrics
+from connector.host.poller import Poller
+from connector.host.service import HostService
 from connector.runtime.commands import CommandRunner
 from connector.runtime.manager import DiscoveryManager
 from connector.service.connector import ConnectorService, wall_clock
 from connector.storage.principals import PrincipalDirectory
+from connector.storage.registry import DeferredRegistry
 from connector.storage.state import ConnectorState
 from providers.base import ObservationSink, Provider, ProviderCapabilities, ProviderSession
 from providers.registry import build_provider
@@ -42,6 +48,10 @@ class ConnectorConfig:
     mdns_interfaces: Sequence[str] | None = None
     nats_url: str | None = None
     max_body_bytes: int = 65536
+    host_policy: DeferredHostPolicy = field(default_factory=DeferredHostPolicy)
+    host_retention_seconds: int = 7 * 24 * 3600
+    host_poller: bool = True
+    nats_service: str = "sensorium-os"
 
 
 @dataclass(slots=True)
@@ -57,6 +67,8 @@ class Assembled:
     readiness: Readiness
     metrics: CollectorRegistry
     app: FastAPI
+    host: HostService
+    registry: DeferredRegistry
 
 
 class _UnavailableProvider:
@@ -116,7 +128,6 @@ async def assemble(
         if interrupted:
             _log.info("marked %d interrupted command operations", len(interrupted))
         discovery = await stack.enter_async_context(DiscoveryManager())
-        readiness.interrupted_marked = True
         service = ConnectorService(
             catalog=catalog,
             principals=PrincipalDirectory(config.data_dir),
@@ -128,9 +139,30 @@ async def assemble(
         )
         metrics = CollectorRegistry()
         _register_session_gauge(metrics, discovery)
+        registry = await stack.enter_async_context(await DeferredRegistry.open(config.data_dir))
+        host = _open_host(config, service, registry, metrics, clock)
+        stack.callback(host.close)
+        ended = await host.recover(clock())
+        if ended:
+            _log.info("marked %d host operations ended by the restart", len(ended))
+        readiness.interrupted_marked = True
+        if config.host_poller:
+            await stack.enter_async_context(Poller(host))
         assembled = Assembled(
-            config, catalog, service, discovery, commands, state, readiness, metrics, app=FastAPI()
+            config,
+            catalog,
+            service,
+            discovery,
+            commands,
+            state,
+            readiness,
+            metrics,
+            app=FastAPI(),
+            host=host,
+            registry=registry,
         )
+        if config.nats_url is not None:
+            await stack.enter_async_context(_open_bus(config, assembled, clock))
         assembled.app = create_app(
             service,
             readiness=readiness,
@@ -145,3 +177,38 @@ def _register_session_gauge(metrics: CollectorRegistry, discovery: DiscoveryMana
     """Active discovery sessions, read at scrape time."""
     gauge = Gauge("sensorium_discovery_sessions_active", "Non-terminal discovery sessions", registry=metrics)
     gauge.set_function(lambda: float(discovery.active_count()))
+
+
+def _open_host(
+    config: ConnectorConfig,
+    service: ConnectorService,
+    registry: DeferredRegistry,
+    metrics: CollectorRegistry,
+    clock: Callable[[], datetime],
+) -> HostService:
+    """The reference host over this connector, its counters in the assembled metrics registry."""
+    return HostService(
+        service,
+        registry,
+        config.host_policy,
+        clock,
+        metrics=HostMetrics(metrics),
+        retention=timedelta(seconds=config.host_retention_seconds),
+    )
+
+
+def _open_bus(config: ConnectorConfig, assembled: Assembled, clock: Callable[[], datetime]) -> BusAdapter:
+    """The Bus face (SPEC 10); it connects in the background and marks readiness once subscribed."""
+    assert config.nats_url is not None
+    settings = BusSettings(
+        url=config.nats_url, service=config.nats_service, retention_seconds=config.host_retention_seconds
+    )
+    return BusAdapter(
+        settings,
+        host=assembled.host,
+        service=assembled.service,
+        registry=assembled.registry,
+        data_dir=config.data_dir,
+        readiness=assembled.readiness,
+        clock=clock,
+    )

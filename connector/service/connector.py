@@ -7,10 +7,12 @@ principal's current grant; an operation that is not the principal's answers `unk
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import anyio
 
 from connector.catalog.signing import VerifiedCatalog
 from connector.contract.catalog_models import CatalogAction
@@ -38,6 +40,10 @@ from providers.base import Provider
 ProviderFactory = Callable[[str, str | None], Provider]
 BIND_RETRY_AFTER_SECONDS = 1
 MAX_WAIT_SECONDS = 30
+PRINCIPALS_WATCH_INTERVAL_SECONDS = 1.0
+# In-memory books of forgotten operations are swept once they grow past this (amortised, doubling).
+_SWEEP_MIN = 256
+_LIVE_STATUSES = (Status.PENDING.value, Status.RUNNING.value)
 
 
 def wall_clock() -> datetime:
@@ -57,9 +63,18 @@ def parse_time(text: str) -> datetime:
 
 @dataclass(slots=True)
 class _Admitted:
-    """A discovery admission kept in memory for idempotent repeats (fingerprint never stored)."""
+    """A keyed discovery admission kept in memory for idempotent repeats (fingerprint never stored)."""
 
     fingerprint: bytes
+    reply: Reply
+
+
+@dataclass(frozen=True, slots=True)
+class _Bound:
+    """The first answer to one bind idempotency key (memory only; dropped when the binding is forgotten)."""
+
+    candidate_ref: str
+    binding_id: str
     reply: Reply
 
 
@@ -68,7 +83,9 @@ class _Bindings:
     """Per-operation consumption and idempotent bind answers (memory only)."""
 
     consumed: set[str] = field(default_factory=set)
-    by_key: dict[str, tuple[str, Reply]] = field(default_factory=dict)
+    by_key: dict[str, _Bound] = field(default_factory=dict)
+    # Keys whose first bind is being stored right now: a concurrent retry waits for its answer.
+    pending: dict[str, anyio.Event] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,9 +124,15 @@ class ConnectorService:
         self.policy = policy or DeferredHostPolicy()
         self._clock = clock
         self._entropy = entropy
+        # Steps 8 and 9 are decided under one lock: a repeated key joins, concurrent admissions count.
+        self._admission = anyio.Lock()
+        self._starting: dict[str, tuple[str, anyio.Event]] = {}
         self._admitted: dict[str, _Admitted] = {}
         self._selections: dict[str, set[str]] = {}
         self._bindings: dict[str, _Bindings] = {}
+        self._bound_keys: dict[str, tuple[str, str]] = {}
+        self._invalidated: set[str] = set()
+        self._sweep_at = _SWEEP_MIN
         self._undo_revoked = principals.on_revoked(self._on_revoked)
 
     # ---- authority -----------------------------------------------------------------------------------------
@@ -119,12 +142,23 @@ class ConnectorService:
         self.principals.reload_if_changed()
         return self.principals.authenticate(token)
 
+    async def watch_principals(self, interval_s: float = PRINCIPALS_WATCH_INTERVAL_SECONDS) -> None:
+        """Pick up edits of the principals file (`principals revoke`) without waiting for a request."""
+        while True:
+            await anyio.sleep(interval_s)
+            self.principals.reload_if_changed()
+
     def _on_revoked(self, principal_id: str, action_ids: frozenset[str]) -> None:
         """A lost grant invalidates that principal's candidates at once; host-owned cleanup follows."""
         for action_id in action_ids:
-            for operation in self.discovery.revoke_owner(principal_id, action_id=action_id):
-                self._selections.pop(operation, None)
-                self._bindings.pop(operation, None)
+            self.discovery.revoke_owner(principal_id, action_id=action_id)
+            for op_id in self.discovery.operation_ids():
+                handle = self.discovery.handle(op_id)
+                if handle.owner == principal_id and handle.action_id == action_id:
+                    # Even a later re-grant does not bring these candidates back.
+                    self._invalidated.add(op_id)
+                    self._selections.pop(op_id, None)
+                    self._drop_binding_book(op_id)
 
     async def locate(self, principal: authority.Principal, op_id: str) -> OperationRef:
         """The principal's own operation, still covered by a current grant, else `unknown-operation`."""
@@ -141,6 +175,8 @@ class ConnectorService:
             if row is None:
                 return None
             return OperationRef(op_id, "command", row.owner, row.action_id, None)
+        if op_id in self._invalidated:
+            return None
         return OperationRef(op_id, "discovery", handle.owner, handle.action_id, handle.scope.transport)
 
     # ---- directives ----------------------------------------------------------------------------------------
@@ -197,14 +233,33 @@ class ConnectorService:
         require_status_v2(timing.get("status_versions"))
         fingerprint = directive_fingerprint(directive)
         op_id = self._new_operation_id(principal, action.action_id, key)
+        async with self._admission:
+            admitted = self._retained_admission(op_id)
+            if admitted is not None:
+                check_idempotent_replay(admitted.fingerprint, fingerprint)
+                return admitted.reply
+            await self._check_concurrency(principal)
+            # Starting only takes the claim and spawns the runner task: no provider I/O is awaited here.
+            reply = await self._start_scan(principal, action, directive, scope, op_id)
+            if key is not None:
+                self._admitted[op_id] = _Admitted(fingerprint, reply)
+            self._sweep()
+            return reply
+
+    def _retained_admission(self, op_id: str) -> _Admitted | None:
+        """The first answer of a keyed scan the runtime still retains (a forgotten one starts afresh)."""
         admitted = self._admitted.get(op_id)
-        if admitted is not None:
-            check_idempotent_replay(admitted.fingerprint, fingerprint)
-            return admitted.reply
-        await self._check_concurrency(principal)
-        reply = await self._start_scan(principal, action, directive, scope, op_id)
-        self._admitted[op_id] = _Admitted(fingerprint, reply)
-        return reply
+        if admitted is not None and not self._retained(op_id):
+            del self._admitted[op_id]
+            return None
+        return admitted
+
+    def _retained(self, op_id: str) -> bool:
+        try:
+            self.discovery.handle(op_id)
+        except UnknownOperation:
+            return False
+        return True
 
     async def _start_scan(
         self,
@@ -255,11 +310,35 @@ class ConnectorService:
         check_command_input(command, directive["input"])
         fingerprint = directive_fingerprint(directive).hex()
         op_id = self._new_operation_id(principal, action.action_id, key)
-        existing = await self.commands.operation(op_id)
-        if existing is not None:
-            check_idempotent_replay(bytes.fromhex(existing.idempotency_fp or ""), bytes.fromhex(fingerprint))
-            return _command_reply(await self.commands.replay(op_id, command))
-        await self._check_concurrency(principal)
+        while True:
+            async with self._admission:
+                existing = await self.commands.operation(op_id)
+                starting = self._starting.get(op_id)
+                if existing is None and starting is None:
+                    await self._check_concurrency(principal)
+                    done = anyio.Event()
+                    self._starting[op_id] = (principal.principal_id, done)
+                    break
+            if existing is not None:
+                stored = bytes.fromhex(existing.idempotency_fp or "")
+                check_idempotent_replay(stored, bytes.fromhex(fingerprint))
+                return _command_reply(await self.commands.replay(op_id, command))
+            if starting is not None:
+                await starting[1].wait()  # the first request with this key is still being admitted
+        try:
+            return await self._submit(principal, command, directive, op_id, fingerprint)
+        finally:
+            del self._starting[op_id]
+            done.set()
+
+    async def _submit(
+        self,
+        principal: authority.Principal,
+        command: CommandAction,
+        directive: Mapping[str, Any],
+        op_id: str,
+        fingerprint: str,
+    ) -> Reply:
         timing = directive["timing"]
         now = self._clock()
         deadline = parse_time(timing["deadline_at"]) if "deadline_at" in timing else None
@@ -284,13 +363,32 @@ class ConnectorService:
         return _command_reply(answer)
 
     async def _check_concurrency(self, principal: authority.Principal) -> None:
-        """Step 9: per-principal limit on non-terminal operations."""
-        active = self.discovery.active_operations(principal.principal_id)
-        active += await self.commands.active_operations(principal.principal_id)
+        """Step 9: per-principal limit on non-terminal operations, those being admitted right now included."""
+        owner = principal.principal_id
+        rows = await self.state.list_operations(_LIVE_STATUSES)
+        commands = {row.operation_id for row in rows if row.owner == owner}
+        commands |= {op_id for op_id, (who, _) in self._starting.items() if who == owner}
+        active = self.discovery.active_operations(owner) + len(commands)
         if not self.policy.admits_another_operation(active):
             raise AdmissionError(
                 "too many operations for this principal", code="too-many-operations", retry_after_seconds=1
             )
+
+    def _sweep(self) -> None:
+        """Drop in-memory books of operations the runtime no longer retains (amortised over admissions)."""
+        books: tuple[MutableMapping[str, Any], ...] = (self._admitted, self._selections, self._bindings)
+        if sum(len(book) for book in books) + len(self._invalidated) < self._sweep_at:
+            return
+        retained = set(self.discovery.operation_ids())
+        for book in books:
+            for op_id in [op_id for op_id in book if op_id not in retained]:
+                if book is self._bindings:
+                    self._drop_binding_book(op_id)
+                else:
+                    del book[op_id]
+        self._invalidated &= retained
+        size = sum(len(book) for book in books) + len(self._invalidated)
+        self._sweep_at = max(_SWEEP_MIN, 2 * size)
 
     # ---- operations ----------------------------------------------------------------------------------------
 
@@ -306,13 +404,22 @@ class ConnectorService:
         try:
             ref = await self.locate(self.authenticate(token), op_id)
             wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
+            if not wait:
+                return Reply(200, await self._current_status(ref))
             if ref.kind == "command":
-                return Reply(200, await self.commands.wait_status(op_id, wait or 0.0))
-            if wait:
-                return Reply(200, await self.discovery.wait_for_change(op_id, after_revision, wait))
-            return Reply(200, self.discovery.status(op_id))
+                document = await self.commands.wait_status(op_id, wait)
+            else:
+                document = await self.discovery.wait_for_change(op_id, after_revision, wait)
+            # Authority is checked again after the wait: a revocation meanwhile answers as for anyone else.
+            await self.locate(self.authenticate(token), op_id)
+            return Reply(200, document)
         except SensoriumError as error:
             return error_reply(error)
+
+    async def _current_status(self, ref: OperationRef) -> dict[str, Any]:
+        if ref.kind == "command":
+            return await self.commands.status(ref.operation_id)
+        return self.discovery.status(ref.operation_id)
 
     async def cancel(self, token: str | None, op_id: str) -> Reply:
         """POST /v1/operations/{id}/cancel: the status after the request."""
@@ -356,13 +463,11 @@ class ConnectorService:
 
     async def _bind(self, principal: authority.Principal, op_id: str, candidate_ref: str, key: str) -> Reply:
         book = self._bindings.setdefault(op_id, _Bindings())
+        while (pending := book.pending.get(key)) is not None:
+            await pending.wait()
         earlier = book.by_key.get(key)
         if earlier is not None:
-            if earlier[0] != candidate_ref:
-                raise SensoriumError(
-                    "idempotency key reused for another candidate", code="idempotency-conflict"
-                )
-            return earlier[1]
+            return await self._replay_binding(earlier, candidate_ref)
         handle = self.discovery.handle(op_id)
         _check_bindable(handle.status, handle.termination_confirmed)
         document = handle.candidate_document(candidate_ref)
@@ -376,15 +481,29 @@ class ConnectorService:
         if candidate_ref in book.consumed:
             raise SensoriumError("the candidate was already bound", code="candidate-consumed")
         book.consumed.add(candidate_ref)  # before any await: concurrent binds see it at once
+        stored = anyio.Event()
+        book.pending[key] = stored
         binding = Binding(opaque_id(self._entropy(16)), principal.principal_id, target[0], target[1], now)
         try:
             await self.state.insert_binding(binding)
+            reply = Reply(201, _binding_document(binding, op_id, candidate_ref, document))
+            book.by_key[key] = _Bound(candidate_ref, binding.binding_id, reply)
+            self._bound_keys[binding.binding_id] = (op_id, key)
         except BaseException:
             book.consumed.discard(candidate_ref)
             raise
-        reply = Reply(201, _binding_document(binding, op_id, candidate_ref, document))
-        book.by_key[key] = (candidate_ref, reply)
+        finally:
+            del book.pending[key]
+            stored.set()
         return reply
+
+    async def _replay_binding(self, earlier: _Bound, candidate_ref: str) -> Reply:
+        """The first answer again, unless the key was used for another candidate or the binding is gone."""
+        if earlier.candidate_ref != candidate_ref:
+            raise SensoriumError("idempotency key reused for another candidate", code="idempotency-conflict")
+        if await self.state.get_binding(earlier.binding_id) is None:
+            raise SensoriumError("the candidate was already bound", code="candidate-consumed")
+        return earlier.reply
 
     async def forget(self, token: str | None, binding_id: str) -> Reply:
         """DELETE /v1/bindings/{id}: erase a binding (the owner's own, or any for an operator)."""
@@ -393,10 +512,24 @@ class ConnectorService:
             binding = await self.state.get_binding(binding_id)
             if binding is None or not authority.may_forget_binding(principal, binding.owner):
                 raise SensoriumError("unknown binding", code="unknown-binding")
-            await self.state.delete_binding(binding_id)
+            if not await self.state.delete_binding(binding_id):
+                raise SensoriumError("unknown binding", code="unknown-binding")  # a concurrent forget won
+            self._drop_bound_reply(binding_id)
             return Reply(204, None)
         except SensoriumError as error:
             return error_reply(error)
+
+    def _drop_bound_reply(self, binding_id: str) -> None:
+        """Forget the in-memory answer that holds an erased binding's address."""
+        located = self._bound_keys.pop(binding_id, None)
+        book = None if located is None else self._bindings.get(located[0])
+        if located is not None and book is not None:
+            book.by_key.pop(located[1], None)
+
+    def _drop_binding_book(self, op_id: str) -> None:
+        book = self._bindings.pop(op_id, None)
+        for bound in () if book is None else book.by_key.values():
+            self._bound_keys.pop(bound.binding_id, None)
 
     def catalog_summary(self) -> dict[str, Any]:
         """GET /v1/catalog."""
@@ -406,17 +539,30 @@ class ConnectorService:
         """POST /v1/admin/principals/{id}/revoke (operators only)."""
         try:
             authority.require_operator(self.authenticate(token))
-            lost = self.principals.revoke_now(principal_id, action_id)
+            lost = self._revoke_now(principal_id, action_id)
             return Reply(200, {"principal/id": principal_id, "revoked_actions": sorted(lost)})
         except SensoriumError as error:
             return error_reply(error)
 
+    def _revoke_now(self, principal_id: str, action_id: str | None) -> frozenset[str]:
+        try:
+            return self.principals.revoke_now(principal_id, action_id)
+        except SensoriumError as error:
+            if error.code in ("unknown-principal", "unknown-grant"):
+                raise SensoriumError("no such principal or grant", code="not-found") from None
+            raise
+
 
 def _check_directive(directive: Any) -> None:
     """Step 2: the directive's schema; failing paths only, never values."""
-    violations = validate("sensorium-directive.v1", directive, via="schema")
-    if violations:
-        diagnostics = [{"code": "invalid-directive", "message": str(v)} for v in violations[:16]]
+    # A JSON array is not a directive (and the validator reads a list as a series of polls).
+    messages = (
+        ["/: schema"]
+        if not isinstance(directive, dict)
+        else [str(v) for v in validate("sensorium-directive.v1", directive, via="schema")]
+    )
+    if messages:
+        diagnostics = [{"code": "invalid-directive", "message": message} for message in messages[:16]]
         raise AdmissionError(
             "the directive does not match its schema", code="invalid-directive", diagnostics=diagnostics
         )

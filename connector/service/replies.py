@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from connector.errors import SensoriumError
+from connector.errors import HTTP_STATUS_BY_CODE, SensoriumError
+
+_log = logging.getLogger("sensorium.service")
 
 
 @dataclass(frozen=True, slots=True)
@@ -19,7 +22,13 @@ class Reply:
 
 
 def error_reply(error: SensoriumError) -> Reply:
-    """A `sensorium-error.v1` reply; `Retry-After` travels as a header too."""
+    """A `sensorium-error.v1` reply; `Retry-After` travels as a header too.
+
+    A code outside SPEC 14 is a bug of ours, never the caller's: it answers 500 `internal` without detail.
+    """
+    if error.code not in HTTP_STATUS_BY_CODE:
+        _log.error("refusal with a code outside SPEC 14 answered as internal: %s", error.code)
+        error = SensoriumError("internal error", code="internal")
     headers = {}
     if error.retry_after_seconds is not None:
         headers["Retry-After"] = str(error.retry_after_seconds)

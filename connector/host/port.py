@@ -1,0 +1,169 @@
+"""The host's view of the connector it polls: a small port, and its in-process implementation.
+
+The host reaches the connector's work directly (same process) rather than through the connector's HTTP
+routes, so that it can tell "the connector does not know this operation" (None) from "this principal may not
+see it" (the host checks authority itself, against its own registry row).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from connector.core import authority
+from connector.core.lifecycle import Status, is_terminal
+from connector.errors import SensoriumError
+from connector.host.documents import Kind, command_metadata
+from connector.runtime.manager import UnknownOperation
+from connector.service.connector import ConnectorService
+from connector.service.replies import Reply
+
+
+@dataclass(frozen=True, slots=True)
+class ActionInfo:
+    """What the host needs to know of a catalog action."""
+
+    action_id: str
+    kind: Kind
+    retry_after_seconds: int
+    preferred_max_ttl_seconds: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One look at an operation: its status, durable metadata and (commands only) the full status."""
+
+    status: str
+    metadata: Mapping[str, Any]
+    retry_hint: int | None = None
+    document: Mapping[str, Any] | None = None
+
+
+class ConnectorPort(Protocol):
+    """What the host asks of the connector that owns the work."""
+
+    def authenticate(self, token: str | None) -> authority.Principal:
+        """The principal behind a bearer token (`unauthenticated` otherwise)."""
+
+    def action(self, action_id: str) -> ActionInfo | None:
+        """The catalog action, or None when the catalog no longer has it."""
+
+    async def admit(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+    ) -> Reply:
+        """The connector's admission (SPEC 2) for an authenticated principal."""
+
+    async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
+        """Status and durable metadata, never candidates; None when the connector does not know the id."""
+
+    async def caller_status(
+        self, operation_id: str, kind: Kind, *, wait_seconds: float | None, after_revision: int | None
+    ) -> dict[str, Any] | None:
+        """The caller-private status (v2 with the snapshot for discovery); None when unknown."""
+
+    async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
+        """Request cancellation; the caller-private status after the request (None when unknown)."""
+
+    async def stop(self, operation_id: str, kind: Kind, error_code: str) -> None:
+        """End the work because the host ended the operation (expiry, response too large)."""
+
+
+class InProcessConnector:
+    """`ConnectorPort` over a `ConnectorService` living in the same process."""
+
+    def __init__(self, service: ConnectorService) -> None:
+        self.service = service
+
+    def authenticate(self, token: str | None) -> authority.Principal:
+        """The principal behind a bearer token, after picking up a changed principals file."""
+        return self.service.authenticate(token)
+
+    def action(self, action_id: str) -> ActionInfo | None:
+        """The catalog action's class and deferred hints."""
+        action = self.service.catalog.actions.get(action_id)
+        if action is None:
+            return None
+        profile = action.deferred_profile
+        retry = profile.retry_after_seconds if profile and profile.retry_after_seconds is not None else 1
+        return ActionInfo(
+            action_id=action_id,
+            kind="discovery" if action.action_class == "discovery" else "command",
+            retry_after_seconds=retry,
+            preferred_max_ttl_seconds=profile.preferred_max_ttl_seconds if profile else None,
+        )
+
+    async def admit(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+    ) -> Reply:
+        """Admission in SPEC 2 order; `op_key` (a Bus `op`) overrides the idempotency key."""
+        return await self.service.invoke_as(principal, directive, op_key=op_key)
+
+    async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
+        """Durable metadata: the SPEC 7 projection for discovery, the status without result for commands."""
+        if kind == "discovery":
+            try:
+                metadata = self.service.discovery.metadata(operation_id)
+            except UnknownOperation:
+                return None
+            return Observed(str(metadata["status"]), metadata)
+        document = await self._command_status(operation_id)
+        if document is None:
+            return None
+        hint = document.get("retry_after_seconds")
+        return Observed(
+            str(document["status"]),
+            command_metadata(document),
+            hint if isinstance(hint, int) else None,
+            document,
+        )
+
+    async def caller_status(
+        self, operation_id: str, kind: Kind, *, wait_seconds: float | None, after_revision: int | None
+    ) -> dict[str, Any] | None:
+        """What the owning caller reads (every candidate in it counts as disclosed)."""
+        wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), 30.0))
+        if kind == "command":
+            if not await self._known_command(operation_id):
+                return None
+            return await self.service.commands.wait_status(operation_id, wait or 0.0)
+        try:
+            if wait:
+                return await self.service.discovery.wait_for_change(operation_id, after_revision, wait)
+            return self.service.discovery.status(operation_id)
+        except UnknownOperation:
+            return None
+
+    async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
+        """Discovery: the cancel is recorded and the stop begins; commands: waits for the confirmed end."""
+        if kind == "discovery":
+            try:
+                return self.service.discovery.cancel(operation_id)
+            except UnknownOperation:
+                return None
+        if not await self._known_command(operation_id):
+            return None
+        return await self.service.commands.cancel(operation_id)
+
+    async def stop(self, operation_id: str, kind: Kind, error_code: str) -> None:
+        """Discovery: terminate the session (cleanup per SPEC 6.7); commands: cancel cancelable work."""
+        if kind == "discovery":
+            try:
+                self.service.discovery.terminate(operation_id, error_code=error_code)
+            except UnknownOperation:
+                return
+            return
+        row = await self.service.commands.operation(operation_id)
+        if row is not None and row.cancelable and not is_terminal(Status(row.status)):
+            await self.service.commands.cancel(operation_id)
+
+    async def _known_command(self, operation_id: str) -> bool:
+        return await self.service.commands.operation(operation_id) is not None
+
+    async def _command_status(self, operation_id: str) -> dict[str, Any] | None:
+        try:
+            return await self.service.commands.status(operation_id)
+        except SensoriumError as error:
+            if error.code == "unknown-operation":
+                return None
+            raise

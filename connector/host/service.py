@@ -1,0 +1,555 @@
+"""The reference host (SPEC 3, 7, 11): admits through the host policy, records durably, polls, answers.
+
+Rules of this file:
+- the registry row is committed before a 202 leaves; an idempotent repeat answers the first handle;
+- every read, poll and cancel by a caller re-checks the principal, its ownership of the row and its current
+  grant; anything else is `unknown-operation`, exactly like an id nobody ever saw;
+- what is recorded is durable metadata (SPEC 7) only; the caller-private status is fetched live, shaped
+  with the host's policy fields and handed to the caller, never stored;
+- a status larger than `max_response_bytes` is not sent: the operation ends `failed` `response-too-large`;
+- an operation not terminal at `expires_at`, or after `max_attempts` host polls, ends `expired` and the
+  connector is told to stop the work; a connector that no longer knows an operation makes it `unknown`;
+- cancel is bridged only where the handle has a `cancel_href`; otherwise 409 `not-cancelable` with the
+  recorded reason;
+- "attempts" are the host's own polls (poller and operator poll-now); a caller's reads are live fetches that
+  move the next poll back but never use up `max_attempts`;
+- after retention the registry forgets an operation: its id then answers exactly like one never seen
+  (404 `unknown-operation` over HTTP, `unknown` on the Bus).
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import replace
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from connector.core import authority
+from connector.core.canonical import canonical_bytes, sha256_hex
+from connector.core.ids import OPERATION_KIND
+from connector.core.lifecycle import IllegalTransition, Status, is_terminal
+from connector.core.policy import DeferredHostPolicy
+from connector.errors import SensoriumError
+from connector.host import documents
+from connector.host.continuations import ContinuationStore
+from connector.host.documents import DEADLINE_EXCEEDED, RESPONSE_TOO_LARGE, Kind, kind_of
+from connector.host.metrics import HostMetrics
+from connector.host.port import ActionInfo, ConnectorPort, InProcessConnector, Observed
+from connector.host.receipts import record_receipt
+from connector.service.connector import ConnectorService
+from connector.service.replies import Reply, error_reply, unknown_operation
+from connector.storage.registry import DEFAULT_RETENTION, DeferredRegistry, OperationRecord
+
+_log = logging.getLogger("sensorium.host")
+_STATUSES = frozenset(s.value for s in Status)
+Spawn = Callable[[Callable[[], Awaitable[None]]], None]
+
+
+def wall_clock() -> datetime:
+    """Now, in UTC."""
+    return datetime.now(UTC)
+
+
+def system_jitter() -> float:
+    """A uniform draw in [0, 1) for the retry jitter."""
+    return secrets.randbelow(1 << 30) / (1 << 30)
+
+
+def _parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+class HostService:
+    """The host side of deferred operations, in the same process as its connector."""
+
+    def __init__(
+        self,
+        connector: ConnectorService | ConnectorPort,
+        registry: DeferredRegistry,
+        policy: DeferredHostPolicy,
+        clock: Callable[[], datetime] = wall_clock,
+        jitter: Callable[[], float] = system_jitter,
+        *,
+        metrics: HostMetrics | None = None,
+        retention: timedelta = DEFAULT_RETENTION,
+        owner_module_id: str = documents.OWNER_MODULE_ID,
+    ) -> None:
+        self.port: ConnectorPort = (
+            InProcessConnector(connector) if isinstance(connector, ConnectorService) else connector
+        )
+        self.registry = registry
+        self.policy = policy
+        self.clock = clock
+        self._jitter = jitter
+        self.metrics = metrics or HostMetrics()
+        self.retention = retention
+        self.owner_module_id = owner_module_id
+        self.continuations = ContinuationStore(registry, self._completed_result, self.metrics)
+        self.interrupted: list[OperationRecord] = []
+        self.on_admitted: Callable[[], None] | None = None
+        self.spawn: Spawn | None = None
+        self._undo_listener = registry.add_terminal_listener(self._on_terminal)
+
+    def close(self) -> None:
+        """Stop listening to the registry."""
+        self._undo_listener()
+
+    # ---- admission -----------------------------------------------------------------------------------------
+
+    async def admit(self, token: str | None, directive: Any, *, bus_op: str | None = None) -> Reply:
+        """POST /v1/host/directives: connector admission, then the host handle (202) or the sync answer."""
+        try:
+            principal = self.port.authenticate(token)
+        except SensoriumError as error:
+            return error_reply(error)
+        reply = await self.port.admit(principal, directive, op_key=bus_op)
+        if reply.status_code != 202 or reply.body is None:
+            return reply
+        try:
+            return await self._accept(principal, directive, reply.body, bus_op)
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def _accept(
+        self,
+        principal: authority.Principal,
+        directive: Mapping[str, Any],
+        connector_handle: Mapping[str, Any],
+        bus_op: str | None,
+    ) -> Reply:
+        op_id = connector_handle["connector_operation/id"]
+        existing = await self.registry.get(op_id)
+        if existing is not None:
+            return _handle_reply(existing)
+        record = await self._new_record(principal, directive, connector_handle, bus_op)
+        try:
+            inserted = await self.registry.record_accepted(record)
+        except Exception:
+            # No durable row, no work: the connector is told to stop before the refusal leaves.
+            await self.port.stop(op_id, kind_of(record), "internal")
+            raise
+        if not inserted:
+            known = await self.registry.get(op_id)
+            return _handle_reply(known if known is not None else record)
+        if self.on_admitted is not None:
+            self.on_admitted()
+        return _handle_reply(record)
+
+    async def _new_record(
+        self,
+        principal: authority.Principal,
+        directive: Mapping[str, Any],
+        connector_handle: Mapping[str, Any],
+        bus_op: str | None,
+    ) -> OperationRecord:
+        now = self.clock()
+        op_id = connector_handle["connector_operation/id"]
+        action = self._action(connector_handle["action_id"])
+        deadline = directive["timing"].get("deadline_at")
+        retry = self.policy.effective_retry_after(connector_handle["retry_after_seconds"], self._jitter())
+        expires_at = self.policy.effective_expires_at(
+            now,
+            connector_fail_after=connector_handle.get("fail_after_seconds"),
+            preferred_max_ttl=action.preferred_max_ttl_seconds,
+            caller_deadline=None if deadline is None else _parse_time(deadline),
+        )
+        handle = documents.deferred_handle(
+            connector_handle,
+            directive,
+            created_at=now,
+            expires_at=expires_at,
+            retry_after_seconds=retry,
+            owner_module_id=self.owner_module_id,
+        )
+        observed = await self.port.observe(op_id, action.kind)
+        metadata = dict(observed.metadata) if observed else {"operation/id": op_id, "status": "pending"}
+        diagnostics = handle["diagnostics"]
+        return OperationRecord(
+            operation_id=op_id,
+            operation_kind=OPERATION_KIND,
+            owner_module_id=self.owner_module_id,
+            capability_id=action.action_id,
+            owner=principal.principal_id,
+            status=Status(metadata.get("status", "pending")).value,
+            retry_after_seconds=retry,
+            next_poll_at=min(now + timedelta(seconds=retry), expires_at),
+            expires_at=expires_at,
+            attempts=0,
+            cancelable="cancel_href" in handle,
+            cancel_unavailable_reason=handle.get("cancel/unavailable-reason"),
+            correlation_id=directive.get("correlation/id"),
+            continuation_digest=None,
+            diagnostics_digest=sha256_hex(diagnostics) if diagnostics else None,
+            last_error=None,
+            created_at=now,
+            updated_at=now,
+            bus_op=bus_op,
+            metadata=metadata,
+            causal_context=directive.get("causal/context"),
+            handle=handle,
+        )
+
+    def _action(self, action_id: str) -> ActionInfo:
+        action = self.port.action(action_id)
+        if action is None:
+            raise SensoriumError("the action left the catalog", code="internal")
+        return action
+
+    # ---- the owning caller ---------------------------------------------------------------------------------
+
+    async def status(
+        self,
+        token: str | None,
+        op_id: str,
+        *,
+        wait_seconds: float | None = None,
+        after_revision: int | None = None,
+    ) -> Reply:
+        """GET /v1/host/operations/{id}: the connector's status live, with the host's policy fields."""
+        try:
+            record = await self._visible(token, op_id)
+            document = await self.port.caller_status(
+                op_id, kind_of(record), wait_seconds=wait_seconds, after_revision=after_revision
+            )
+            return Reply(200, await self._answer(record, document))
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def cancel(self, token: str | None, op_id: str) -> Reply:
+        """POST /v1/host/operations/{id}/cancel: bridged only where the handle has a `cancel_href`."""
+        try:
+            record = await self._visible(token, op_id)
+            kind = kind_of(record)
+            if record.terminal:
+                document = await self.port.caller_status(op_id, kind, wait_seconds=None, after_revision=None)
+            else:
+                _require_cancelable(record)
+                document = await self.port.cancel(op_id, kind)
+            return Reply(200, await self._answer(record, document))
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def _visible(self, token: str | None, op_id: str) -> OperationRecord:
+        principal = self.port.authenticate(token)
+        record = await self.registry.get(op_id)
+        if record is None or not authority.may_see(
+            principal, record.owner, record.capability_id, documents.transport_of(record)
+        ):
+            raise unknown_operation()
+        return record
+
+    async def _answer(self, record: OperationRecord, document: Mapping[str, Any] | None) -> dict[str, Any]:
+        """Record what the live status says, then shape it for the caller (or build the host's own)."""
+        now = self.clock()
+        if document is None:
+            if not record.terminal:
+                record = await self._conclude(record, Status.UNKNOWN, None, now)
+            return documents.record_document(record)
+        status = Status(document["status"])
+        if record.terminal and status.value != record.status:
+            return documents.record_document(record)
+        if not record.terminal and not is_terminal(status) and now >= record.expires_at:
+            return documents.record_document(await self._expire(record, record.metadata, now))
+        if not self.policy.response_fits(len(canonical_bytes(dict(document)))):
+            return await self._too_large(record, now)
+        observed = await self.port.observe(record.operation_id, kind_of(record))
+        retry = None if is_terminal(status) else self._retry(record, document.get("retry_after_seconds"))
+        record = await self._record(record, observed, now, retry, attempts=None)
+        return documents.with_policy_fields(document, record, retry)
+
+    async def _too_large(self, record: OperationRecord, now: datetime) -> dict[str, Any]:
+        diagnostic = {"code": RESPONSE_TOO_LARGE, "message": documents.error_message(RESPONSE_TOO_LARGE)}
+        if record.terminal:
+            return documents.record_document(record, diagnostics=[diagnostic])
+        await self.port.stop(record.operation_id, kind_of(record), RESPONSE_TOO_LARGE)
+        record = await self._conclude(record, Status.FAILED, RESPONSE_TOO_LARGE, now)
+        return documents.record_document(record)
+
+    # ---- polling (the poller and operators) ----------------------------------------------------------------
+
+    async def poll(self, record: OperationRecord, now: datetime | None = None) -> OperationRecord:
+        """One host poll through the connector: record the change, expire, or mark unknown."""
+        if record.terminal:
+            return record
+        now = now or self.clock()
+        attempts = record.attempts + 1
+        self.metrics.polls.inc()
+        try:
+            observed = await self.port.observe(record.operation_id, kind_of(record))
+            return await self._after_poll(record, observed, now, attempts)
+        except IllegalTransition:
+            current = await self.registry.get(record.operation_id)  # another poller concluded it first
+            return current if current is not None else record
+        except Exception as error:  # one failing poll must not stop the others; type name only
+            self.metrics.errors.inc()
+            _log.error("host poll failed with %s", type(error).__name__)
+            return await self._reschedule_after_error(record, now, attempts)
+
+    async def _after_poll(
+        self, record: OperationRecord, observed: Observed | None, now: datetime, attempts: int
+    ) -> OperationRecord:
+        if observed is None:
+            return await self._conclude(record, Status.UNKNOWN, None, now, attempts=attempts)
+        if is_terminal(Status(observed.status)):
+            document = observed.document
+            if document is not None and not self.policy.response_fits(len(canonical_bytes(dict(document)))):
+                return await self._conclude(record, Status.FAILED, RESPONSE_TOO_LARGE, now, attempts=attempts)
+            return await self._record(record, observed, now, None, attempts=attempts)
+        if now >= record.expires_at or self.policy.attempts_exhausted(attempts):
+            return await self._expire(record, observed.metadata, now, attempts=attempts)
+        retry = self._retry(record, observed.retry_hint)
+        return await self._record(record, observed, now, retry, attempts=attempts)
+
+    async def _reschedule_after_error(
+        self, record: OperationRecord, now: datetime, attempts: int
+    ) -> OperationRecord:
+        retry = self._retry(record, None)
+        return await self.registry.record_status(
+            record.operation_id,
+            status=record.status,
+            metadata=record.metadata,
+            now=now,
+            retry_after_seconds=retry,
+            next_poll_at=self._next_poll(record, now, retry),
+            attempts=attempts,
+            last_error="internal",
+        )
+
+    async def _record(
+        self,
+        record: OperationRecord,
+        observed: Observed | None,
+        now: datetime,
+        retry: int | None,
+        *,
+        attempts: int | None,
+    ) -> OperationRecord:
+        """Store the observed status and durable metadata (the row keeps its own when nothing was seen)."""
+        status = observed.status if observed else record.status
+        metadata = observed.metadata if observed else record.metadata
+        if record.terminal and status != record.status:
+            return record
+        terminal = is_terminal(Status(status))
+        return await self.registry.record_status(
+            record.operation_id,
+            status=status,
+            metadata=metadata,
+            now=now,
+            retry_after_seconds=None if terminal else retry,
+            next_poll_at=None if terminal or retry is None else self._next_poll(record, now, retry),
+            attempts=attempts,
+            last_error=documents.error_code_of(metadata) if terminal else None,
+        )
+
+    async def _expire(
+        self,
+        record: OperationRecord,
+        metadata: Mapping[str, Any],
+        now: datetime,
+        *,
+        attempts: int | None = None,
+    ) -> OperationRecord:
+        """End `expired` and tell the connector to stop the work (in the background when possible)."""
+        self.metrics.expirations.inc()
+        await self._stop_work(record.operation_id, kind_of(record), DEADLINE_EXCEEDED)
+        fresh = record if metadata is record.metadata else _with_metadata(record, metadata)
+        return await self._conclude(fresh, Status.EXPIRED, DEADLINE_EXCEEDED, now, attempts=attempts)
+
+    async def _stop_work(self, op_id: str, kind: Kind, code: str) -> None:
+        if kind == "command" and self.spawn is not None:
+            # A command's stop waits for the process to exit; the poller must not wait with it.
+            self.spawn(lambda: self._stop_quietly(op_id, kind, code))
+            return
+        await self._stop_quietly(op_id, kind, code)
+
+    async def _stop_quietly(self, op_id: str, kind: Kind, code: str) -> None:
+        try:
+            await self.port.stop(op_id, kind, code)
+        except Exception as error:
+            self.metrics.errors.inc()
+            _log.error("stopping host-ended work failed with %s", type(error).__name__)
+
+    async def _conclude(
+        self,
+        record: OperationRecord,
+        status: Status,
+        error_code: str | None,
+        now: datetime,
+        *,
+        attempts: int | None = None,
+    ) -> OperationRecord:
+        """An end the host decided (expired, unknown, response-too-large), from durable metadata."""
+        metadata = documents.concluded_metadata(
+            record.metadata, status, error_code, discovery=kind_of(record) == "discovery"
+        )
+        return await self.registry.record_status(
+            record.operation_id,
+            status=status.value,
+            metadata=metadata,
+            now=now,
+            retry_after_seconds=None,
+            next_poll_at=None,
+            attempts=attempts,
+            last_error=error_code,
+        )
+
+    def _retry(self, record: OperationRecord, hint: Any) -> int:
+        """The connector's hint (else the action's), clamped and jittered by the host policy."""
+        if not isinstance(hint, int) or isinstance(hint, bool):
+            action = self.port.action(record.capability_id)
+            hint = action.retry_after_seconds if action is not None else self.policy.min_retry_after_seconds
+        return self.policy.effective_retry_after(hint, self._jitter())
+
+    def _next_poll(self, record: OperationRecord, now: datetime, retry: int) -> datetime:
+        return min(now + timedelta(seconds=retry), record.expires_at)
+
+    async def poll_due(self, now: datetime | None = None, *, limit: int = 1000) -> int:
+        """Poll every operation whose next poll is due; returns how many were polled."""
+        now = now or self.clock()
+        due = await self.registry.due(now, limit)
+        for record in due:
+            await self.poll(record, now)
+        self.metrics.active.set(await self.registry.count_active())
+        return len(due)
+
+    async def purge(self, now: datetime | None = None) -> int:
+        """Retention: forget terminal metadata older than `retention` (the id then answers unknown)."""
+        return await self.registry.purge_terminal_before((now or self.clock()) - self.retention)
+
+    # ---- restart -------------------------------------------------------------------------------------------
+
+    async def recover(self, now: datetime | None = None) -> list[OperationRecord]:
+        """At start: discovery work is interrupted, command ends are mirrored; returns what the restart ended.
+
+        Discovery rows are marked without listeners (nothing is connected yet); mirrored command statuses go
+        through the usual recording, listeners included. Flows waiting on any ended operation are settled.
+        """
+        now = now or self.clock()
+        open_rows = await self._non_terminal()
+        discovery = {r.capability_id for r in open_rows if kind_of(r) == "discovery"}
+        marked = await self.registry.mark_interrupted(now, capability_ids=discovery) if discovery else []
+        for record in marked:
+            self.metrics.terminal.labels(record.status).inc()
+        mirrored = []
+        for record in open_rows:
+            if kind_of(record) == "command":
+                ended = await self.poll(record, now)
+                if ended.last_error == "interrupted-by-restart":
+                    mirrored.append(ended)
+        self.interrupted = [*marked, *mirrored]
+        await self.continuations.settle_pending()
+        return self.interrupted
+
+    async def _non_terminal(self) -> list[OperationRecord]:
+        rows = []
+        for status in (Status.PENDING, Status.RUNNING):
+            rows += await self.registry.list(status=status.value, limit=1_000_000)
+        return rows
+
+    async def _on_terminal(self, record: OperationRecord) -> None:
+        self.metrics.terminal.labels(record.status).inc()
+        await self.continuations.settle(record)
+
+    async def _completed_result(self, record: OperationRecord) -> Any:
+        """The `result` of a completed operation, live from the connector (None when it is gone)."""
+        document = await self.port.caller_status(
+            record.operation_id, kind_of(record), wait_seconds=None, after_revision=None
+        )
+        if document is None or document.get("status") != Status.COMPLETED:
+            return None
+        return document.get("result")
+
+    # ---- operators -----------------------------------------------------------------------------------------
+
+    async def operator_list(self, token: str | None, status: str | None = None) -> Reply:
+        """GET /v1/admin/deferred-operations?status=: durable views, most recently updated first."""
+        try:
+            self._operator(token)
+            if status is not None and status not in _STATUSES:
+                raise SensoriumError(
+                    "unknown status filter",
+                    code="invalid-input",
+                    diagnostics=[{"code": "invalid-input", "message": "/status: unknown-status"}],
+                )
+            records = await self.registry.list(status=status)
+            return Reply(200, {"operations": [documents.durable_view(r) for r in records]})
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def operator_detail(self, token: str | None, op_id: str) -> Reply:
+        """GET /v1/admin/deferred-operations/{id}: durable view, history digests, receipt."""
+        try:
+            self._operator(token)
+            return Reply(200, await self._detail(await self._known(op_id)))
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def operator_poll(self, token: str | None, op_id: str) -> Reply:
+        """POST /v1/admin/deferred-operations/{id}/poll: poll now, then the detail."""
+        try:
+            self._operator(token)
+            record = await self.poll(await self._known(op_id))
+            return Reply(200, await self._detail(record))
+        except SensoriumError as error:
+            return error_reply(error)
+
+    async def operator_cancel(self, token: str | None, op_id: str) -> Reply:
+        """POST /v1/admin/deferred-operations/{id}/cancel: bridged where cancelable, then the detail."""
+        try:
+            self._operator(token)
+            record = await self._known(op_id)
+            if not record.terminal:
+                _require_cancelable(record)
+                kind = kind_of(record)
+                if await self.port.cancel(op_id, kind) is None:
+                    record = await self._conclude(record, Status.UNKNOWN, None, self.clock())
+                else:
+                    observed = await self.port.observe(op_id, kind)
+                    retry = self._retry(record, None)
+                    record = await self._record(record, observed, self.clock(), retry, attempts=None)
+            return Reply(200, await self._detail(record))
+        except SensoriumError as error:
+            return error_reply(error)
+
+    def _operator(self, token: str | None) -> None:
+        authority.require_operator(self.port.authenticate(token))
+
+    async def _known(self, op_id: str) -> OperationRecord:
+        record = await self.registry.get(op_id)
+        if record is None:
+            raise unknown_operation()
+        return record
+
+    async def _detail(self, record: OperationRecord) -> dict[str, Any]:
+        history = await self.registry.history(record.operation_id)
+        return {
+            "operation": documents.durable_view(record),
+            "history": documents.history_view(history),
+            "receipt": record_receipt(record, history),
+        }
+
+    # ---- the Bus -------------------------------------------------------------------------------------------
+
+    async def durable_view(self, op_id: str) -> Mapping[str, Any] | None:
+        """The durable projection of one operation (no candidates, no result), or None."""
+        record = await self.registry.get(op_id)
+        return None if record is None else documents.durable_view(record)
+
+
+def _require_cancelable(record: OperationRecord) -> None:
+    if not record.cancelable:
+        reason = record.cancel_unavailable_reason or "this operation cannot be cancelled"
+        raise SensoriumError(reason, code="not-cancelable")
+
+
+def _with_metadata(record: OperationRecord, metadata: Mapping[str, Any]) -> OperationRecord:
+    return replace(record, metadata=dict(metadata))
+
+
+def _handle_reply(record: OperationRecord) -> Reply:
+    """202 with the recorded first handle, `Location` and `Retry-After`."""
+    handle = record.handle
+    headers = {"Location": handle["status_href"], "Retry-After": str(handle["retry_after_seconds"])}
+    return Reply(202, handle, headers)

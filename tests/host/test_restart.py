@@ -1,0 +1,115 @@
+"""Restart: open scans end failed (interrupted-by-restart), command ends are mirrored, nothing restarts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+from connector.host.continuations import Resumption
+from connector.service.assembly import ConnectorConfig, provider_factory
+from providers.base import Provider
+from tests.host.support import (
+    add_principals,
+    bearer,
+    check,
+    command_directive,
+    host_app,
+    poll_until,
+    scan_directive,
+    signed_catalog,
+)
+
+pytestmark = pytest.mark.asyncio
+
+
+def counting(starts: list[str]) -> Callable[[ConnectorConfig], Callable[[str, str | None], Provider]]:
+    """A provider factory that records every provider it builds (one per admitted scan)."""
+
+    def factory(config: ConnectorConfig) -> Callable[[str, str | None], Provider]:
+        base = provider_factory(config)
+
+        def build(transport: str, adapter: str | None) -> Provider:
+            starts.append(transport)
+            return base(transport, adapter)
+
+        return build
+
+    return factory
+
+
+def flow_continuation() -> dict[str, Any]:
+    return {
+        "schema": "orbiplex-continuation.v1",
+        "continuation_id": "continuation:restart-1",
+        "resume_kind": "json_e_flow_step",
+        "resume_point": {"executor_id": "json_e_flow", "output_binding": "redacted"},
+        "caller": {"module_id": "test.flow"},
+        "capability_id": "sensorium.directive.invoke",
+        "deadline_at": "2099-01-01T00:00:00Z",
+        "attempts": 1,
+    }
+
+
+async def test_a_restart_interrupts_discovery_mirrors_commands_and_restarts_nothing(tmp_path: Path) -> None:
+    tokens = add_principals(tmp_path, ("test.slow",))
+    catalog, _ = signed_catalog(tmp_path / "catalog", tmp_path / "marker")
+    starts: list[str] = []
+    settings: dict[str, Any] = {"host_poller": False, "catalog": catalog, "providers": counting(starts)}
+    async with host_app(tmp_path, **settings) as (assembled, client):
+        scan = (
+            await client.post("/v1/host/directives", json=scan_directive(30), headers=bearer(tokens.alice))
+        ).json()
+        await poll_until(client, scan["status_href"], tokens.alice, lambda b: b["status"] == "running")
+        slow = (
+            await client.post(
+                "/v1/host/directives", json=command_directive("test.slow"), headers=bearer(tokens.alice)
+            )
+        ).json()
+        directive = command_directive("whisper.redaction.prepare", input={"text": "write to a@b.example"})
+        quick = (
+            await client.post("/v1/host/directives", json=directive, headers=bearer(tokens.alice))
+        ).json()
+        await assembled.host.continuations.suspend(
+            quick["operation/id"], {**flow_continuation(), "deferred_operation_id": quick["operation/id"]}
+        )
+        with anyio.fail_after(15):
+            while (await assembled.commands.status(slow["operation/id"]))["status"] != "running":
+                await anyio.sleep(0.05)
+        assert (await assembled.commands.wait_status(quick["operation/id"], 15))["status"] == "completed"
+        quick_row = await assembled.registry.get(quick["operation/id"])
+        assert quick_row is not None and quick_row.status in (
+            "pending",
+            "running",
+        )  # the host has not seen it
+    assert starts == ["ble"]
+
+    resumed: list[Resumption] = []
+    async with host_app(tmp_path, **settings) as (assembled, client):
+        assert assembled.readiness.interrupted_marked and (await client.get("/healthz")).status_code == 200
+        ended = {r.operation_id: r for r in assembled.host.interrupted}
+        assert set(ended) == {scan["operation/id"], slow["operation/id"]}
+        assert all(r.status == "failed" and r.last_error == "interrupted-by-restart" for r in ended.values())
+        scan_status = (await client.get(scan["status_href"], headers=bearer(tokens.alice))).json()
+        check("deferred-operation-status.v2", scan_status)
+        assert scan_status["status"] == "failed" and scan_status["error"]["code"] == "interrupted-by-restart"
+        assert "progress" not in scan_status and "result" not in scan_status
+        slow_status = (await client.get(slow["status_href"], headers=bearer(tokens.alice))).json()
+        check("deferred-operation-status.v1", slow_status)
+        assert slow_status["status"] == "failed" and slow_status["error"]["code"] == "interrupted-by-restart"
+        quick_status = (await client.get(quick["status_href"], headers=bearer(tokens.alice))).json()
+        assert (
+            quick_status["status"] == "completed"
+            and quick_status["result"]["json"]["redactions"]["email"] == 1
+        )
+        # The flow waiting on the command resumes once the runtime installs its hook, with the live result.
+        await assembled.host.continuations.install(resumed.append)
+        await assembled.host.continuations.install(resumed.append)
+        assert assembled.host.metrics.count("sensorium_host_terminal_outcomes", label="failed") == 2
+        assert list(assembled.discovery.operation_ids()) == []  # no candidates, no session rebuilt
+    assert starts == ["ble"]  # no scan restarted by itself
+    assert len(resumed) == 1 and resumed[0].resumed
+    assert resumed[0].continuation["context"]["redacted"]["json"]["text"] == "write to [email]"

@@ -1,0 +1,1 @@
+"""Tests of the connector service (HTTP API over the assembled connector)."""

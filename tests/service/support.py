@@ -1,0 +1,354 @@
+"""Helpers for the service tests: a signed test catalog, principals, a recording provider factory, a harness
+that assembles one connector in-process and talks to it over httpx `ASGITransport`, and directive builders."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sqlite3
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+
+from connector.catalog.keys import generate_key_pair, load_private_key
+from connector.catalog.signing import sign_catalog
+from connector.contract.validate import validate
+from connector.core.authority import make_grant
+from connector.core.observations import BleObservation, Observation
+from connector.service.assembly import Assembled, ConnectorConfig, assemble
+from connector.storage.principals import add_principal
+from connector.storage.state import STATE_RELATIVE_PATH
+from providers.faults import Fault, FaultProvider
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+SHIPPED_CATALOG = REPO_ROOT / "catalog" / "actions.json"
+SHIPPED_TRUST = REPO_ROOT / "catalog" / "trust"
+FIXTURES = REPO_ROOT / "hw-fixtures"
+HEART_RATE_LAB = FIXTURES / "ble-heart-rate-lab.jsonl"
+
+SCAN = "device.discovery.scan"
+REDACT = "whisper.redaction.prepare"
+INFO = "sensorium.os.info"
+SLEEP = "test.sleep"
+STUBBORN = "test.stubborn"
+HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
+TERMINAL = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
+CANARY = "CANARY-h10-5e1f0c9a"
+
+# `python3 -c`: write the pid to the marker (atomically), then sleep; SIGTERM ends it.
+_SLEEPER = (
+    "import os,sys,time,pathlib;p=pathlib.Path(sys.argv[1]);t=p.with_suffix('.tmp');"
+    "t.write_text(str(os.getpid()));t.replace(p);time.sleep(float(sys.argv[2]))"
+)
+
+CALLER_GRANTS = (SCAN, REDACT, INFO, SLEEP, STUBBORN)
+
+
+def write_test_catalog(base: Path, marker: Path) -> tuple[Path, Path]:
+    """The shipped catalog plus two sleeping command actions, signed by a fresh key; (catalog, trust dir)."""
+    document: dict[str, Any] = json.loads(SHIPPED_CATALOG.read_text(encoding="utf-8"))
+    document["actions"] += [
+        _sleeper(SLEEP, marker, support="either", cancel="terminate"),
+        _sleeper(STUBBORN, marker.with_name(marker.name + ".stubborn"), support="async-only", cancel="none"),
+    ]
+    key_id = generate_key_pair(base / "keys")
+    trust = base / "trust"
+    trust.mkdir(parents=True)
+    shutil.copy(base / "keys" / f"{key_id}.pub", trust / f"{key_id}.pub")
+    catalog = base / "actions.json"
+    catalog.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
+    signature = sign_catalog(document, load_private_key(base / "keys" / f"{key_id}.key"))
+    catalog.with_name("actions.json.sig").write_text(json.dumps(signature) + "\n", encoding="utf-8")
+    return catalog, trust
+
+
+def _sleeper(action_id: str, marker: Path, *, support: str, cancel: str) -> dict[str, Any]:
+    return {
+        "action_id": action_id,
+        "class": "command",
+        "execution_mode_support": support,
+        "deferred_profile": {"preferred_max_ttl_seconds": 120, "retry_after_seconds": 1},
+        "command": {
+            "argv": ["python3", "-c", _SLEEPER, str(marker), "30"],
+            "timeout_ms": 60000,
+            "cancel": cancel,
+            "input": "none",
+        },
+    }
+
+
+def add_test_principals(data_dir: Path) -> dict[str, str]:
+    """alice and bob (callers with every grant), carol (scan on mdns only), root (operator): their tokens."""
+    full = [make_grant(action) for action in CALLER_GRANTS]
+    return {
+        "alice": add_principal(data_dir, "alice", "caller", full),
+        "bob": add_principal(data_dir, "bob", "caller", full),
+        "carol": add_principal(data_dir, "carol", "caller", [make_grant(SCAN, ["mdns"])]),
+        "root": add_principal(data_dir, "root", "operator"),
+    }
+
+
+def strap(index: int, *, rssi: int = -60) -> BleObservation:
+    """An in-scope heart-rate strap with a synthetic address and a name."""
+    return BleObservation(
+        address=f"02:00:00:00:{index // 256:02X}:{index % 256:02X}",
+        rssi=rssi,
+        name=f"strap-{index}",
+        service_uuids=(HEART_RATE,),
+    )
+
+
+def straps(count: int, *, at_ms: int = 0, step_ms: int = 0) -> list[tuple[int, Observation]]:
+    """`count` straps appearing from `at_ms`, `step_ms` apart."""
+    return [(at_ms + i * step_ms, strap(i)) for i in range(count)]
+
+
+class RecordingFactory:
+    """A provider factory (`assemble(providers=...)`) building fault providers and recording every call."""
+
+    def __init__(
+        self,
+        timeline: Sequence[tuple[int, Observation]] = (),
+        *,
+        concurrent: bool = False,
+        fault: Fault | None = None,
+    ) -> None:
+        self.timeline = tuple(timeline)
+        self.concurrent = concurrent
+        self.fault = fault
+        self.requests: list[tuple[str, str | None]] = []
+        self.built: list[FaultProvider] = []
+
+    def __call__(self, transport: str, adapter: str | None) -> FaultProvider:
+        self.requests.append((transport, adapter))
+        provider = FaultProvider(
+            self.timeline,
+            transport=transport,  # type: ignore[arg-type]
+            concurrent_sessions=self.concurrent,
+            fault=self.fault,
+        )
+        self.built.append(provider)
+        return provider
+
+    @property
+    def starts(self) -> int:
+        """Provider `start()` calls over every provider built."""
+        return sum(provider.start_calls for provider in self.built)
+
+    @property
+    def acknowledged_stops(self) -> int:
+        """Acknowledged `stop()` calls over every provider built."""
+        return sum(provider.acknowledged_stops for provider in self.built)
+
+
+@dataclass
+class OffsetClock:
+    """Wall-clock time shifted by `offset_s` (tests move it forward instead of sleeping)."""
+
+    offset_s: float = 0.0
+
+    def __call__(self) -> datetime:
+        return datetime.now(UTC) + timedelta(seconds=self.offset_s)
+
+
+@dataclass
+class Harness:
+    """One assembled connector, an httpx client on its app, and the principals' tokens."""
+
+    assembled: Assembled
+    client: httpx.AsyncClient
+    tokens: dict[str, str]
+    data_dir: Path
+    clock: OffsetClock
+    marker: Path
+    factory: RecordingFactory | None = None
+    submits: list[str] = field(default_factory=list)
+
+    def auth(self, who: str) -> dict[str, str]:
+        """The Authorization header of a principal (or of a literal token when `who` is unknown)."""
+        return {"Authorization": f"Bearer {self.tokens.get(who, who)}"}
+
+    async def invoke(self, who: str | None, directive: Any) -> httpx.Response:
+        """POST /v1/directives as `who` (None: without a token)."""
+        headers = self.auth(who) if who is not None else {}
+        return await self.client.post("/v1/directives", json=directive, headers=headers)
+
+    async def get(self, who: str, path: str, **params: Any) -> httpx.Response:
+        """GET with `who`'s token."""
+        return await self.client.get(path, headers=self.auth(who), params=params or None)
+
+    async def post(self, who: str, path: str, body: Any = None) -> httpx.Response:
+        """POST a JSON body with `who`'s token."""
+        return await self.client.post(path, json=body, headers=self.auth(who))
+
+    async def poll(
+        self,
+        who: str,
+        location: str,
+        until: Callable[[dict[str, Any]], bool] = lambda doc: doc["status"] in TERMINAL,
+        *,
+        timeout: float = 15.0,
+        interval: float = 0.05,
+    ) -> list[dict[str, Any]]:
+        """Poll a status until `until` holds; every poll is returned (the last one satisfies `until`)."""
+        polls: list[dict[str, Any]] = []
+        with anyio.fail_after(timeout):
+            while True:
+                response = await self.get(who, location)
+                assert response.status_code == 200, response.text
+                polls.append(response.json())
+                if until(polls[-1]):
+                    return polls
+                await anyio.sleep(interval)
+
+    def command_rows(self) -> list[tuple[Any, ...]]:
+        """Every row of the command operations table (read through a second connection)."""
+        return query(self.data_dir, "SELECT operation_id, owner, action_id, status FROM command_operations")
+
+
+@asynccontextmanager
+async def harness(
+    tmp_path: Path,
+    *,
+    factory: RecordingFactory | None = None,
+    replay: Mapping[str, Path] | None = None,
+    replay_speed: float = 10.0,
+    clock: OffsetClock | None = None,
+    max_body_bytes: int = 65536,
+) -> AsyncIterator[Harness]:
+    """Assemble a connector over a fresh data dir with the test catalog and principals; yield a harness."""
+    data_dir = tmp_path / "data"
+    marker = tmp_path / "sleeper.pid"
+    catalog, trust = write_test_catalog(tmp_path / "catalog", marker)
+    tokens = add_test_principals(data_dir)
+    config = ConnectorConfig(
+        data_dir=data_dir,
+        catalog=catalog,
+        trust_dir=trust,
+        replay=dict(replay or {}),
+        replay_speed=replay_speed,
+        max_body_bytes=max_body_bytes,
+    )
+    clock = clock or OffsetClock()
+    async with assemble(config, providers=factory, clock=clock) as assembled:
+        transport = httpx.ASGITransport(app=assembled.app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://connector.test") as client:
+            h = Harness(assembled, client, tokens, data_dir, clock, marker, factory)
+            _record_submits(h)
+            yield h
+
+
+def _record_submits(h: Harness) -> None:
+    """Wrap the command runner's `submit` so tests can tell that no process was started."""
+    runner = h.assembled.commands
+    original = runner.submit
+
+    async def recording_submit(operation_id: str, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        h.submits.append(operation_id)
+        return await original(operation_id, *args, **kwargs)
+
+    runner.submit = recording_submit  # type: ignore[method-assign]
+
+
+async def eventually(predicate: Callable[[], bool], *, timeout: float = 5.0) -> None:
+    """Wait (polling every 10 ms) until `predicate()` holds."""
+    with anyio.fail_after(timeout):
+        while not predicate():
+            await anyio.sleep(0.01)
+
+
+def query(data_dir: Path, sql: str) -> list[tuple[Any, ...]]:
+    """Rows of a read-only query on the connector state database."""
+    connection = sqlite3.connect(f"file:{data_dir / STATE_RELATIVE_PATH}?mode=ro", uri=True)
+    try:
+        return list(connection.execute(sql))
+    finally:
+        connection.close()
+
+
+def files_bytes(root: Path) -> bytes:
+    """The concatenated bytes of every file under `root` (database, WAL, principals, catalog state)."""
+    return b"".join(path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file())
+
+
+def scan_directive(
+    window: int = 1,
+    *,
+    transport: str = "ble",
+    key: str | None = None,
+    filters: Mapping[str, Any] | None = None,
+    timing: Mapping[str, Any] | None = None,
+    **extra: Any,
+) -> dict[str, Any]:
+    """A discovery directive for heart-rate straps (or `filters`), status v2, async."""
+    default_filters: dict[str, Any] = (
+        {"service_uuids": [HEART_RATE]} if transport == "ble" else {"service_types": ["_http._tcp.local."]}
+    )
+    doc: dict[str, Any] = {
+        "schema": "sensorium-directive.v1",
+        "action_id": SCAN,
+        "timing": {"mode": "async", "status_versions": [2], **(timing or {})},
+        "input": {
+            "transport": transport,
+            "window_seconds": window,
+            "filters": dict(filters) if filters is not None else default_filters,
+        },
+        **extra,
+    }
+    if key is not None:
+        doc["idempotency_key"] = key
+    return doc
+
+
+def command_directive(
+    action_id: str, mode: str, input: Mapping[str, Any] | None = None, *, key: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """A command directive."""
+    doc: dict[str, Any] = {
+        "schema": "sensorium-directive.v1",
+        "action_id": action_id,
+        "timing": {"mode": mode},
+        "input": dict(input or {}),
+        **extra,
+    }
+    if key is not None:
+        doc["idempotency_key"] = key
+    return doc
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    """A `sensorium-error.v1` refusal with this HTTP status and code (validated); returns the body."""
+    assert response.status_code == status, (response.status_code, response.text)
+    body: dict[str, Any] = response.json()
+    assert body["code"] == code, body
+    assert validate("sensorium-error.v1", body) == [], body
+    if code in ("too-many-operations", "transport-claimed", "session-not-terminated"):
+        assert int(response.headers["retry-after"]) >= 1
+        assert body["retry_after_seconds"] == int(response.headers["retry-after"])
+    return body
+
+
+def assert_valid(schema: str, document: Any) -> None:
+    """No contract violation (a status schema also takes a list of successive polls)."""
+    violations = validate(schema, document)
+    assert violations == [], [str(v) for v in violations]
+
+
+def candidates_of(document: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The candidates a status carries (running snapshot, else completed result)."""
+    progress = document.get("progress") or {}
+    snapshot = (progress.get("snapshot") or {}).get("candidates")
+    if snapshot:
+        return list(snapshot)
+    return list((document.get("result") or {}).get("candidates") or [])
+
+
+def has_candidates(document: Mapping[str, Any]) -> bool:
+    """True when a status carries at least one candidate."""
+    return bool(candidates_of(document))

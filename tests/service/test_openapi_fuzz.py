@@ -1,0 +1,60 @@
+"""Schemathesis (4.x CLI) on `/openapi.json` of a real `serve`: no 5xx, every refusal a sensorium-error."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import anyio
+import pytest
+
+from service.serving import serving
+from service.support import HEART_RATE_LAB, add_test_principals
+
+HOOKS = Path(__file__).with_name("st_hooks.py")
+SCHEMATHESIS = Path(sys.executable).with_name("st")
+
+
+def _run_schemathesis(url: str, token: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    argv = [
+        str(SCHEMATHESIS),
+        "run",
+        f"{url}/openapi.json",
+        "--max-examples",
+        "30",
+        "--phases",
+        "coverage,fuzzing",
+        "--checks",
+        "not_a_server_error,sensorium_error_body",
+        "--header",
+        f"Authorization: Bearer {token}",
+        # One connection per request: kept-alive ones pay 40 ms each until `serve` sets TCP_NODELAY
+        # (see test_keep_alive_requests_are_not_delayed in test_serve_process.py).
+        "--header",
+        "Connection: close",
+        # One worker: two race inside hypothesis while building coverage cases ("AST constructor
+        # recursion depth mismatch", a schemathesis/hypothesis error, not an answer of ours).
+        "--workers",
+        "1",
+        "--seed",
+        "20261130",
+        "--request-timeout",
+        "40",
+        "--no-color",
+    ]
+    env = {**os.environ, "SCHEMATHESIS_HOOKS": str(HOOKS)}
+    return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=100, check=False)
+
+
+@pytest.mark.timeout(150)
+@pytest.mark.asyncio
+async def test_schemathesis_finds_no_server_errors(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    tokens = add_test_principals(data)
+    replay = ("--replay", f"ble={HEART_RATE_LAB}", "--replay-speed", "10")
+    async with serving("--data-dir", data, *replay, log=tmp_path / "serve.log") as served:
+        result = await anyio.to_thread.run_sync(_run_schemathesis, served.url, tokens["alice"], tmp_path)
+    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
+    assert "Traceback" not in (tmp_path / "serve.log").read_text()
