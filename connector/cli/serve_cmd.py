@@ -105,6 +105,8 @@ def run(args: argparse.Namespace) -> int:
     try:
         config = config_from(args)
         listener = socket.create_server((args.host, args.port), reuse_port=False)
+        # Accepted sockets inherit it: uvicorn writes headers and body separately (no Nagle delay).
+        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     except (ValueError, OSError) as error:
         return usage_error(str(error))
     try:

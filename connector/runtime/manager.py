@@ -265,12 +265,17 @@ class DiscoveryManager:
         self._get(operation_id).terminate(error_code, erase=erase)
 
     def revoke_owner(self, owner: str, *, action_id: str | None = None) -> list[str]:
-        """Erase and end every live session of `owner` (for `action_id` only, when given): `grant-revoked`."""
+        """End the live sessions of `owner` (`grant-revoked`), erase its retained results (per action)."""
         ended = []
         for session in list(self._sessions.values()):
             mine = session.spec.owner == owner and action_id in (None, session.spec.action_id)
-            if mine and session.terminate("grant-revoked", erase=True):
+            if not mine:
+                continue
+            if session.terminate("grant-revoked", erase=True):
                 ended.append(session.spec.operation_id)
+            elif session.status is Status.COMPLETED:
+                # A retained result is candidate data too: a revocation invalidates it at once.
+                session.erase_result()
         return ended
 
     async def wait_terminal(self, operation_id: str, timeout_s: float = math.inf) -> dict[str, Any]:

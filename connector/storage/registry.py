@@ -259,8 +259,8 @@ class _Fixed:
             from_ms(row[9]), row[10], row[11], row[12],
         )  # fmt: skip
 
-    def record(self, changing: tuple[Any, ...], metadata: str) -> OperationRecord:
-        """A record from these fixed parts, the `_CHANGING_COLUMNS` values and the metadata text."""
+    def record(self, changing: tuple[Any, ...], metadata: str | Mapping[str, Any]) -> OperationRecord:
+        """A record from these fixed parts, the `_CHANGING_COLUMNS` values and the metadata (text or dict)."""
         return OperationRecord(
             operation_id=self.operation_id,
             operation_kind=self.operation_kind,
@@ -281,7 +281,7 @@ class _Fixed:
             created_at=self.created_at,
             updated_at=from_ms(changing[7]),
             bus_op=self.bus_op,
-            metadata=json.loads(metadata),
+            metadata=json.loads(metadata) if isinstance(metadata, str) else dict(metadata),
             causal_context=None if self.causal_context is None else json.loads(self.causal_context),
             handle=json.loads(self.handle),
         )
@@ -478,13 +478,14 @@ class DeferredRegistry:
             operation_id,
             *_SOURCES[new],
         )
-        async with self._writing():
-            rows = await self._db.execute_fetchall(_UPDATE_SQL[new], params)
+        with anyio.CancelScope(shield=True):  # `_writing()`, inlined on the hot path
+            async with self._lock:
+                rows = await self._db.execute_fetchall(_UPDATE_SQL[new], params)
         row = next(iter(rows), None)
         if row is None:
             await self._refuse(operation_id, new)
         assert row is not None
-        record = fixed.record(tuple(row), text)
+        record = fixed.record(tuple(row), metadata)  # a shallow copy of what was stored
         if notify and row[-1] is not None and row[-1] == row[-2]:
             await self._fire(record)
         return record
