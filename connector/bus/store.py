@@ -10,7 +10,6 @@ Rules of this file:
 
 from __future__ import annotations
 
-import os
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -19,6 +18,7 @@ import aiosqlite
 import anyio
 
 from connector.bus.messages import format_time
+from connector.storage.sqlite import open_database
 
 STORE_RELATIVE_PATH = Path("storage") / "bus-announcements.sqlite"
 
@@ -46,25 +46,9 @@ class AnnouncementStore:
     async def open(cls, data_dir: Path) -> AnnouncementStore:
         """Open (creating and migrating) the store under `data_dir`."""
         path = Path(data_dir) / STORE_RELATIVE_PATH
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        connection = await aiosqlite.connect(path, isolation_level=None)
+        connection = await open_database(path, MIGRATIONS, what="announcement store")
         store = cls(connection, path)
-        try:
-            await store._configure()
-        except BaseException:
-            await connection.close()
-            raise
         return store
-
-    async def _configure(self) -> None:
-        await self._db.execute("PRAGMA journal_mode=WAL")
-        await self._db.execute("PRAGMA synchronous=FULL")
-        async with self._db.execute("PRAGMA user_version") as cursor:
-            row = await cursor.fetchone()
-        version = int(row[0]) if row else 0
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            await self._db.executescript(f"BEGIN; {script} PRAGMA user_version = {number}; COMMIT;")
 
     async def __aenter__(self) -> AnnouncementStore:
         return self

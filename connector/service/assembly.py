@@ -91,11 +91,16 @@ class _UnavailableProvider:
 def provider_factory(config: ConnectorConfig) -> Callable[[str, str | None], Provider]:
     """Builds the provider of a transport: replay fixtures where configured, else the real backend."""
 
+    # A replay provider serves any number of sessions: parse each fixture once, not on every admission.
+    replays: dict[str, Provider] = {}
+
     def build(transport: str, adapter: str | None) -> Provider:
         name: Transport = transport  # type: ignore[assignment]  # admitted scopes only name known transports
         replay = config.replay.get(transport)
+        if replay is not None and transport in replays:
+            return replays[transport]
         try:
-            return build_provider(
+            provider = build_provider(
                 name,
                 replay=replay,
                 replay_speed=config.replay_speed,
@@ -104,6 +109,9 @@ def provider_factory(config: ConnectorConfig) -> Callable[[str, str | None], Pro
             )
         except ProviderError as error:
             return _UnavailableProvider(name, error)
+        if replay is not None:
+            replays[transport] = provider
+        return provider
 
     return build
 

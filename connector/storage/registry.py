@@ -21,7 +21,6 @@ import builtins
 import hashlib
 import json
 import logging
-import os
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
@@ -45,6 +44,7 @@ from connector.core.lifecycle import (
     is_terminal,
 )
 from connector.errors import SensoriumError
+from connector.storage.sqlite import open_database
 
 REGISTRY_RELATIVE_PATH = Path("storage") / "deferred-operations.sqlite"
 DEFAULT_RETENTION = timedelta(days=7)
@@ -370,17 +370,8 @@ class DeferredRegistry:
     async def open(cls, data_dir: Path) -> DeferredRegistry:
         """Open (creating and migrating) the registry under `data_dir`."""
         path = Path(data_dir) / REGISTRY_RELATIVE_PATH
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # SQLite gives the -wal and -shm files the mode of the database file, so 0600 covers all three.
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        connection = await aiosqlite.connect(path, isolation_level=None)
+        connection = await open_database(path, MIGRATIONS, what="registry database", error=RegistryError)
         registry = cls(connection, path)
-        try:
-            await registry._configure()
-            await registry._migrate()
-        except BaseException:
-            await connection.close()
-            raise
         return registry
 
     async def __aenter__(self) -> DeferredRegistry:
@@ -701,22 +692,3 @@ class DeferredRegistry:
         return records
 
     # ---- set-up --------------------------------------------------------------------------------------------
-
-    async def _configure(self) -> None:
-        """WAL, full fsync on every commit, secure delete (purged rows are zeroed)."""
-        rows = await self._db.execute_fetchall("PRAGMA journal_mode=WAL")
-        mode = next(iter(rows), ("",))[0]
-        if str(mode).lower() != "wal":
-            raise RegistryError("registry database refused WAL mode")
-        for pragma in ("synchronous=FULL", "secure_delete=ON", "foreign_keys=ON", "busy_timeout=5000"):
-            await self._db.execute(f"PRAGMA {pragma}")
-
-    async def _migrate(self) -> None:
-        """Apply every migration past the stored `user_version`, each in its own transaction."""
-        version = int(await self.pragma("user_version") or 0)
-        if version > len(MIGRATIONS):
-            raise RegistryError("registry database is newer than this host")
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            await self._db.executescript(
-                f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;"
-            )

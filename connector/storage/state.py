@@ -12,7 +12,6 @@ Rules of this file:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,6 +23,7 @@ import aiosqlite
 import anyio
 
 from connector.errors import SensoriumError
+from connector.storage.sqlite import open_database
 
 STATE_RELATIVE_PATH = Path("modules") / "sensorium-os" / "state.sqlite"
 
@@ -125,17 +125,8 @@ class ConnectorState:
     async def open(cls, data_dir: Path) -> ConnectorState:
         """Open (creating and migrating) the state database under `data_dir`."""
         path = Path(data_dir) / STATE_RELATIVE_PATH
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        # SQLite gives the -wal and -shm files the mode of the database file, so 0600 covers all three.
-        os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
-        connection = await aiosqlite.connect(path, isolation_level=None)
+        connection = await open_database(path, MIGRATIONS, what="state database")
         state = cls(connection, path)
-        try:
-            await state._configure()
-            await state._migrate()
-        except BaseException:
-            await connection.close()
-            raise
         return state
 
     async def __aenter__(self) -> ConnectorState:
@@ -267,25 +258,6 @@ class ConnectorState:
             count = cursor.rowcount
             await cursor.close()
         return count
-
-    async def _configure(self) -> None:
-        """WAL, secure delete and full fsync on every commit."""
-        async with self._db.execute("PRAGMA journal_mode=WAL") as cursor:
-            row = await cursor.fetchone()
-        if row is None or str(row[0]).lower() != "wal":
-            raise SensoriumError("state database refused WAL mode", code="internal")
-        for pragma in ("secure_delete=ON", "synchronous=FULL", "foreign_keys=ON", "busy_timeout=5000"):
-            await self._db.execute(f"PRAGMA {pragma}")
-
-    async def _migrate(self) -> None:
-        """Apply every migration past the stored `user_version`, each in its own transaction."""
-        version = int(await self.pragma("user_version") or 0)
-        if version > len(MIGRATIONS):
-            raise SensoriumError("state database is newer than this connector", code="internal")
-        for number, script in enumerate(MIGRATIONS[version:], start=version + 1):
-            await self._db.executescript(
-                f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;"
-            )
 
 
 def _operation_row(op: CommandOperation) -> tuple[Any, ...]:
