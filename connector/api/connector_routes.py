@@ -13,9 +13,26 @@ from connector.errors import SensoriumError
 from connector.service.connector import ConnectorService
 from connector.service.replies import Reply, error_reply
 
-_JSON_BODY: dict[str, Any] = {
-    "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
-}
+_OPAQUE = {"type": "string", "minLength": 1, "maxLength": 128}
+
+
+def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
+    """OpenAPI `requestBody` of a JSON route (documentation only: the service checks every body)."""
+    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
+
+
+def _closed(*required: str) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": list(required),
+        "properties": {name: _OPAQUE for name in required},
+    }
+
+
+_DIRECTIVE_BODY = _json_body({"type": "object"})
+_SELECTION_BODY = _json_body(_closed("candidate/ref"))
+_BINDING_BODY = _json_body(_closed("candidate/ref", "idempotency_key"))
 _ERROR = {"description": "a sensorium-error.v1 refusal"}
 
 
@@ -28,7 +45,7 @@ def connector_router(service: ConnectorService) -> APIRouter:
     router = APIRouter()
 
     @router.post(
-        "/v1/directives", openapi_extra=_JSON_BODY, responses={400: _ERROR, 401: _ERROR, 422: _ERROR}
+        "/v1/directives", openapi_extra=_DIRECTIVE_BODY, responses={400: _ERROR, 401: _ERROR, 422: _ERROR}
     )
     async def invoke(request: Request) -> Response:
         """sensorium.directive.invoke: 200 sync result or 202 deferred handle."""
@@ -54,7 +71,7 @@ def connector_router(service: ConnectorService) -> APIRouter:
 
     @router.post(
         "/v1/operations/{operation_id}/selection",
-        openapi_extra=_JSON_BODY,
+        openapi_extra=_SELECTION_BODY,
         responses={401: _ERROR, 404: _ERROR},
     )
     async def select(request: Request, operation_id: str) -> Response:
@@ -65,7 +82,7 @@ def connector_router(service: ConnectorService) -> APIRouter:
 
     @router.post(
         "/v1/operations/{operation_id}/bindings",
-        openapi_extra=_JSON_BODY,
+        openapi_extra=_BINDING_BODY,
         status_code=201,
         responses={401: _ERROR, 404: _ERROR, 409: _ERROR, 410: _ERROR},
     )

@@ -333,8 +333,11 @@ def _report(result: RecordingResult, kept_identities: bool) -> int:
         print(f"{prefix}: aborted; nothing was written", file=sys.stderr)
         return EXIT_CANCELLED
     kind = "real identities" if kept_identities else "pseudonymised identities"
-    print(f"fixtures record: wrote {result.observations} observation line(s) with {kind}; "
-          "review the file for personal data before sharing it", file=sys.stderr)
+    print(
+        f"fixtures record: wrote {result.observations} observation line(s) with {kind}; "
+        "review the file for personal data before sharing it",
+        file=sys.stderr,
+    )
     if not result.stop_confirmed:
         code = result.error.code if result.error is not None else "cleanup-unconfirmed"
         print(f"{prefix}: {code}: the provider did not confirm its stop", file=sys.stderr)

@@ -247,6 +247,4 @@ def durable_view(record: OperationRecord) -> dict[str, Any]:
 
 def history_view(events: Sequence[HistoryEvent]) -> list[dict[str, Any]]:
     """Digest-only history events as JSON."""
-    return [
-        {"seq": e.seq, "at": format_time(e.at), "status": e.status, "digest": e.digest} for e in events
-    ]
+    return [{"seq": e.seq, "at": format_time(e.at), "status": e.status, "digest": e.digest} for e in events]

@@ -49,9 +49,7 @@ class ConnectorPort(Protocol):
     def action(self, action_id: str) -> ActionInfo | None:
         """The catalog action, or None when the catalog no longer has it."""
 
-    async def admit(
-        self, principal: authority.Principal, directive: Any, *, op_key: str | None
-    ) -> Reply:
+    async def admit(self, principal: authority.Principal, directive: Any, *, op_key: str | None) -> Reply:
         """The connector's admission (SPEC 2) for an authenticated principal."""
 
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
@@ -93,9 +91,7 @@ class InProcessConnector:
             preferred_max_ttl_seconds=profile.preferred_max_ttl_seconds if profile else None,
         )
 
-    async def admit(
-        self, principal: authority.Principal, directive: Any, *, op_key: str | None
-    ) -> Reply:
+    async def admit(self, principal: authority.Principal, directive: Any, *, op_key: str | None) -> Reply:
         """Admission in SPEC 2 order; `op_key` (a Bus `op`) overrides the idempotency key."""
         return await self.service.invoke_as(principal, directive, op_key=op_key)
 

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 
+import anyio
 from fastapi import APIRouter, FastAPI
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -147,6 +148,9 @@ async def assemble(
         )
         metrics = CollectorRegistry()
         _register_session_gauge(metrics, discovery)
+        watchers = await stack.enter_async_context(anyio.create_task_group())
+        stack.callback(watchers.cancel_scope.cancel)  # runs first on exit, then the group is awaited
+        watchers.start_soon(service.watch_principals)
         registry = await stack.enter_async_context(await DeferredRegistry.open(config.data_dir))
         host = _open_host(config, service, registry, metrics, clock)
         stack.callback(host.close)

@@ -34,7 +34,7 @@ from connector.runtime.commands import CommandAction, CommandRunner, check_comma
 from connector.runtime.manager import DiscoveryManager, UnknownOperation
 from connector.service.replies import Reply, error_reply, unknown_operation
 from connector.storage.principals import PrincipalDirectory
-from connector.storage.state import Binding, ConnectorState
+from connector.storage.state import Binding, CommandOperation, ConnectorState
 from providers.base import Provider
 
 ProviderFactory = Callable[[str, str | None], Provider]
@@ -126,12 +126,12 @@ class ConnectorService:
         self._entropy = entropy
         # Steps 8 and 9 are decided under one lock: a repeated key joins, concurrent admissions count.
         self._admission = anyio.Lock()
-        self._starting: dict[str, tuple[str, anyio.Event]] = {}
+        self._starting: dict[str, anyio.Event] = {}
+        self._maybe_live: dict[str, set[str]] = {}
         self._admitted: dict[str, _Admitted] = {}
         self._selections: dict[str, set[str]] = {}
         self._bindings: dict[str, _Bindings] = {}
         self._bound_keys: dict[str, tuple[str, str]] = {}
-        self._invalidated: set[str] = set()
         self._sweep_at = _SWEEP_MIN
         self._undo_revoked = principals.on_revoked(self._on_revoked)
 
@@ -149,14 +149,16 @@ class ConnectorService:
             self.principals.reload_if_changed()
 
     def _on_revoked(self, principal_id: str, action_ids: frozenset[str]) -> None:
-        """A lost grant invalidates that principal's candidates at once; host-owned cleanup follows."""
+        """A lost grant invalidates that principal's candidates at once; host-owned cleanup follows.
+
+        The runtime ends the live sessions and erases retained results; the selections and the bind
+        answers (which hold addresses) of every such operation go too.
+        """
         for action_id in action_ids:
             self.discovery.revoke_owner(principal_id, action_id=action_id)
             for op_id in self.discovery.operation_ids():
                 handle = self.discovery.handle(op_id)
                 if handle.owner == principal_id and handle.action_id == action_id:
-                    # Even a later re-grant does not bring these candidates back.
-                    self._invalidated.add(op_id)
                     self._selections.pop(op_id, None)
                     self._drop_binding_book(op_id)
 
@@ -175,8 +177,6 @@ class ConnectorService:
             if row is None:
                 return None
             return OperationRef(op_id, "command", row.owner, row.action_id, None)
-        if op_id in self._invalidated:
-            return None
         return OperationRef(op_id, "discovery", handle.owner, handle.action_id, handle.scope.transport)
 
     # ---- directives ----------------------------------------------------------------------------------------
@@ -310,26 +310,29 @@ class ConnectorService:
         check_command_input(command, directive["input"])
         fingerprint = directive_fingerprint(directive).hex()
         op_id = self._new_operation_id(principal, action.action_id, key)
+        existing = await self._reserve(principal, op_id)
+        if existing is not None:
+            check_idempotent_replay(bytes.fromhex(existing.idempotency_fp or ""), bytes.fromhex(fingerprint))
+            return _command_reply(await self.commands.replay(op_id, command))
+        try:
+            return await self._submit(principal, command, directive, op_id, fingerprint)
+        finally:
+            self._starting.pop(op_id).set()
+
+    async def _reserve(self, principal: authority.Principal, op_id: str) -> CommandOperation | None:
+        """Steps 8 and 9 of a command: the stored operation of a repeated key, else a reservation (None)."""
         while True:
             async with self._admission:
                 existing = await self.commands.operation(op_id)
                 starting = self._starting.get(op_id)
-                if existing is None and starting is None:
+                if existing is not None:
+                    return existing
+                if starting is None:
                     await self._check_concurrency(principal)
-                    done = anyio.Event()
-                    self._starting[op_id] = (principal.principal_id, done)
-                    break
-            if existing is not None:
-                stored = bytes.fromhex(existing.idempotency_fp or "")
-                check_idempotent_replay(stored, bytes.fromhex(fingerprint))
-                return _command_reply(await self.commands.replay(op_id, command))
-            if starting is not None:
-                await starting[1].wait()  # the first request with this key is still being admitted
-        try:
-            return await self._submit(principal, command, directive, op_id, fingerprint)
-        finally:
-            del self._starting[op_id]
-            done.set()
+                    self._starting[op_id] = anyio.Event()
+                    self._maybe_live[principal.principal_id].add(op_id)
+                    return None
+            await starting.wait()  # the first request with this key is still being admitted
 
     async def _submit(
         self,
@@ -365,11 +368,14 @@ class ConnectorService:
     async def _check_concurrency(self, principal: authority.Principal) -> None:
         """Step 9: per-principal limit on non-terminal operations, those being admitted right now included."""
         owner = principal.principal_id
+        running_scans = self.discovery.active_operations(owner)
+        # A superset of the live commands, so the stored rows are read only when the limit is near.
+        commands = self._maybe_live.setdefault(owner, set())
+        if self.policy.admits_another_operation(running_scans + len(commands)):
+            return
         rows = await self.state.list_operations(_LIVE_STATUSES)
-        commands = {row.operation_id for row in rows if row.owner == owner}
-        commands |= {op_id for op_id, (who, _) in self._starting.items() if who == owner}
-        active = self.discovery.active_operations(owner) + len(commands)
-        if not self.policy.admits_another_operation(active):
+        commands.intersection_update({row.operation_id for row in rows} | set(self._starting))
+        if not self.policy.admits_another_operation(running_scans + len(commands)):
             raise AdmissionError(
                 "too many operations for this principal", code="too-many-operations", retry_after_seconds=1
             )
@@ -377,7 +383,7 @@ class ConnectorService:
     def _sweep(self) -> None:
         """Drop in-memory books of operations the runtime no longer retains (amortised over admissions)."""
         books: tuple[MutableMapping[str, Any], ...] = (self._admitted, self._selections, self._bindings)
-        if sum(len(book) for book in books) + len(self._invalidated) < self._sweep_at:
+        if sum(len(book) for book in books) < self._sweep_at:
             return
         retained = set(self.discovery.operation_ids())
         for book in books:
@@ -386,9 +392,7 @@ class ConnectorService:
                     self._drop_binding_book(op_id)
                 else:
                     del book[op_id]
-        self._invalidated &= retained
-        size = sum(len(book) for book in books) + len(self._invalidated)
-        self._sweep_at = max(_SWEEP_MIN, 2 * size)
+        self._sweep_at = max(_SWEEP_MIN, 2 * sum(len(book) for book in books))
 
     # ---- operations ----------------------------------------------------------------------------------------
 
@@ -468,18 +472,8 @@ class ConnectorService:
         earlier = book.by_key.get(key)
         if earlier is not None:
             return await self._replay_binding(earlier, candidate_ref)
-        handle = self.discovery.handle(op_id)
-        _check_bindable(handle.status, handle.termination_confirmed)
-        document = handle.candidate_document(candidate_ref)
-        target = handle.binding_target(candidate_ref)
-        if document is None or target is None:
-            raise SensoriumError("unknown candidate", code="unknown-candidate")
         now = self._clock()
-        expires_ms = handle.candidate_expires_at_ms(candidate_ref)
-        if expires_ms is not None and expires_ms <= to_ms(now):
-            raise SensoriumError("the candidate expired", code="candidate-expired")
-        if candidate_ref in book.consumed:
-            raise SensoriumError("the candidate was already bound", code="candidate-consumed")
+        document, target = self._bindable(op_id, candidate_ref, book, now)
         book.consumed.add(candidate_ref)  # before any await: concurrent binds see it at once
         stored = anyio.Event()
         book.pending[key] = stored
@@ -496,6 +490,23 @@ class ConnectorService:
             del book.pending[key]
             stored.set()
         return reply
+
+    def _bindable(
+        self, op_id: str, candidate_ref: str, book: _Bindings, now: datetime
+    ) -> tuple[dict[str, Any], tuple[str, str]]:
+        """The candidate's document and (transport, address), once every SPEC 6.8 check passed."""
+        handle = self.discovery.handle(op_id)
+        _check_bindable(handle.status, handle.termination_confirmed)
+        document = handle.candidate_document(candidate_ref)
+        target = handle.binding_target(candidate_ref)
+        if document is None or target is None:
+            raise SensoriumError("unknown candidate", code="unknown-candidate")
+        expires_ms = handle.candidate_expires_at_ms(candidate_ref)
+        if expires_ms is not None and expires_ms <= to_ms(now):
+            raise SensoriumError("the candidate expired", code="candidate-expired")
+        if candidate_ref in book.consumed:
+            raise SensoriumError("the candidate was already bound", code="candidate-consumed")
+        return document, target
 
     async def _replay_binding(self, earlier: _Bound, candidate_ref: str) -> Reply:
         """The first answer again, unless the key was used for another candidate or the binding is gone."""

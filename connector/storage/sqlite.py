@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Sequence
 from pathlib import Path
@@ -9,6 +10,9 @@ from pathlib import Path
 import aiosqlite
 
 from connector.errors import SensoriumError
+
+# aiosqlite logs SQL parameters (binding addresses among them) at DEBUG: never below INFO here.
+logging.getLogger("aiosqlite").setLevel(logging.INFO)
 
 PRAGMAS = ("synchronous=FULL", "secure_delete=ON", "foreign_keys=ON", "busy_timeout=5000")
 

@@ -284,9 +284,9 @@ def scan_directive(
     key: str | None = None,
     filters: Mapping[str, Any] | None = None,
     timing: Mapping[str, Any] | None = None,
-    **extra: Any,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A discovery directive for heart-rate straps (or `filters`), status v2, async."""
+    """A discovery directive for heart-rate straps (or `filters`), status v2, async; `extra` adds keys."""
     default_filters: dict[str, Any] = (
         {"service_uuids": [HEART_RATE]} if transport == "ble" else {"service_types": ["_http._tcp.local."]}
     )
@@ -299,7 +299,7 @@ def scan_directive(
             "window_seconds": window,
             "filters": dict(filters) if filters is not None else default_filters,
         },
-        **extra,
+        **(extra or {}),
     }
     if key is not None:
         doc["idempotency_key"] = key
@@ -307,15 +307,20 @@ def scan_directive(
 
 
 def command_directive(
-    action_id: str, mode: str, input: Mapping[str, Any] | None = None, *, key: str | None = None, **extra: Any
+    action_id: str,
+    mode: str,
+    input: Mapping[str, Any] | None = None,
+    *,
+    key: str | None = None,
+    extra: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """A command directive."""
+    """A command directive; `extra` adds top-level keys."""
     doc: dict[str, Any] = {
         "schema": "sensorium-directive.v1",
         "action_id": action_id,
         "timing": {"mode": mode},
         "input": dict(input or {}),
-        **extra,
+        **(extra or {}),
     }
     if key is not None:
         doc["idempotency_key"] = key

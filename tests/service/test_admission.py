@@ -9,8 +9,10 @@ from typing import Any
 import pytest
 
 from connector.core.policy import DeferredHostPolicy
+from providers import replay
 from service.support import (
     CANARY,
+    HEART_RATE_LAB,
     INFO,
     REDACT,
     Harness,
@@ -166,7 +168,7 @@ async def test_command_refusals_spawn_no_process(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory()) as h:
         cases = [
             (None, command_directive(INFO, "sync"), 401, "unauthenticated"),
-            ("alice", command_directive(INFO, "sync", timing_extra=1), 422, "invalid-directive"),
+            ("alice", command_directive(INFO, "sync", extra={"unexpected": 1}), 422, "invalid-directive"),
             ("alice", command_directive(INFO, "async"), 409, "execution-mode-not-supported"),
             ("carol", command_directive(REDACT, "sync", {"text": "x"}), 403, "forbidden"),
             ("alice", command_directive(INFO, "sync", {"unexpected": True}), 422, "invalid-input"),
@@ -268,3 +270,20 @@ def test_refusal_table_covers_every_step() -> None:
         "invalid-input",
         "status-v2-required",
     }
+
+
+@pytest.mark.asyncio
+async def test_a_replay_fixture_is_parsed_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Admission must not re-read the fixture: parsing runs on the event loop and stalls every request."""
+    loads: list[object] = []
+    original = replay.load_fixture
+
+    def counting(path: Path | str) -> replay.Fixture:
+        loads.append(path)
+        return original(path)
+
+    monkeypatch.setattr(replay, "load_fixture", counting)
+    async with harness(tmp_path, replay={"ble": HEART_RATE_LAB}) as h:
+        for _ in range(3):
+            assert (await h.invoke("alice", scan_directive(1))).status_code == 202
+    assert len(loads) <= 1

@@ -23,6 +23,7 @@ from service.support import (
     Harness,
     RecordingFactory,
     assert_error,
+    assert_valid,
     candidates_of,
     eventually,
     harness,
@@ -238,21 +239,17 @@ async def test_a_later_regrant_does_not_revive_old_candidates(tmp_path: Path) ->
         assert (await h.client.get("/v1/catalog", headers=h.auth("alice"))).status_code == 200
         _restore_grant(h.data_dir, "alice", SCAN)
         routes = _routes(f)
-        for name in ("status", "select", "bind"):
-            assert_error(await routes[name](h.client, h.auth("alice")), 404, "unknown-operation")
+        # The operation is visible again, but its result was erased by the revocation.
+        status = (await routes["status"](h.client, h.auth("alice"))).json()
+        assert status["status"] == "completed" and "progress" not in status
+        assert status["result"]["candidates"] == [] and "erased_at" in status["result"]
+        assert_valid("deferred-operation-status.v2", status)
+        assert_error(await routes["select"](h.client, h.auth("alice")), 404, "unknown-candidate")
+        assert_error(await routes["bind"](h.client, h.auth("alice")), 404, "unknown-candidate")
         # The grant itself is back: new work is admitted.
         assert (await h.invoke("alice", scan_directive(1))).status_code == 202
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "connector/runtime/manager.py: DiscoveryManager.revoke_owner ends live sessions only; a COMPLETED "
-        "session of the revoked principal keeps its candidates (status result, candidate_document, "
-        "binding_target) in memory until result retention, so a path that reads the runtime directly "
-        "(the host's GET /v1/host/operations/{id}) delivers them again after a re-grant"
-    ),
-)
 @pytest.mark.asyncio
 async def test_a_revocation_erases_completed_candidates_in_the_runtime(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory(straps(2), concurrent=True)) as h:

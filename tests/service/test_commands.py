@@ -8,6 +8,7 @@ from pathlib import Path
 import anyio
 import pytest
 
+from connector.core.policy import DeferredHostPolicy
 from service.support import (
     INFO,
     REDACT,
@@ -19,6 +20,7 @@ from service.support import (
     assert_valid,
     command_directive,
     harness,
+    scan_directive,
 )
 
 
@@ -56,7 +58,7 @@ async def test_an_async_action_is_polled_to_completion(tmp_path: Path) -> None:
     context = {"operation/id": "flow-7"}
     async with harness(tmp_path, factory=RecordingFactory()) as h:
         directive = command_directive(
-            REDACT, "async", {"text": "call +48 601 234 567"}, **{"causal/context": context}
+            REDACT, "async", {"text": "call +48 601 234 567"}, extra={"causal/context": context}
         )
         accepted = await h.invoke("alice", directive)
         assert accepted.status_code == 202
@@ -108,3 +110,20 @@ async def test_non_cancelable_work_refuses_cancel(tmp_path: Path) -> None:
         assert _alive(pid)
     # Leaving the connector stops its work all the same.
     assert not _alive(pid)
+
+
+@pytest.mark.asyncio
+async def test_the_per_principal_limit_counts_live_commands_only(tmp_path: Path) -> None:
+    async with harness(tmp_path, factory=RecordingFactory()) as h:
+        h.assembled.service.policy = DeferredHostPolicy(max_operations_per_principal=2)
+        # Finished work does not count, however much of it there was.
+        for _ in range(5):
+            assert (await h.invoke("alice", command_directive(INFO, "sync"))).status_code == 200
+        first = await h.invoke("alice", command_directive(SLEEP, "async"))
+        await _pid_from(h.marker)
+        second = await h.invoke("alice", command_directive(STUBBORN, "async"))
+        assert first.status_code == second.status_code == 202
+        assert_error(await h.invoke("alice", command_directive(INFO, "sync")), 429, "too-many-operations")
+        assert_error(await h.invoke("alice", scan_directive(1)), 429, "too-many-operations")
+        assert (await h.post("alice", first.headers["location"] + "/cancel")).json()["status"] == "cancelled"
+        assert (await h.invoke("alice", command_directive(INFO, "sync"))).status_code == 200

@@ -22,7 +22,7 @@ from service.support import (
 async def test_directive_to_forget_with_valid_statuses(tmp_path: Path) -> None:
     context = {"operation/id": "parent-op-1", "trace/id": "trace-1"}
     async with harness(tmp_path, replay={"ble": HEART_RATE_LAB}) as h:
-        accepted = await h.invoke("alice", scan_directive(2, **{"causal/context": context}))
+        accepted = await h.invoke("alice", scan_directive(2, extra={"causal/context": context}))
         assert accepted.status_code == 202, accepted.text
         handle = accepted.json()
         assert_valid("sensorium-connector-deferred.v1", handle)

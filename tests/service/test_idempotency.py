@@ -28,14 +28,14 @@ from service.support import (
 async def test_same_key_same_directive_answers_identically_and_joins(tmp_path: Path) -> None:
     factory = RecordingFactory(straps(2), concurrent=True)
     async with harness(tmp_path, factory=factory) as h:
-        first = await h.invoke("alice", scan_directive(3, key="scan-1", **{"correlation/id": "c-1"}))
+        first = await h.invoke("alice", scan_directive(3, key="scan-1", extra={"correlation/id": "c-1"}))
         assert first.status_code == 202
         await eventually(lambda: factory.starts == 1)
         # Fields outside the fingerprint may differ: correlation, causal context, extensions.
         variants = [
-            scan_directive(3, key="scan-1", **{"correlation/id": "c-2"}),
-            scan_directive(3, key="scan-1", **{"causal/context": {"operation/id": "other"}}),
-            scan_directive(3, key="scan-1", extensions={"deployment": "x"}),
+            scan_directive(3, key="scan-1", extra={"correlation/id": "c-2"}),
+            scan_directive(3, key="scan-1", extra={"causal/context": {"operation/id": "other"}}),
+            scan_directive(3, key="scan-1", extra={"extensions": {"deployment": "x"}}),
         ]
         for directive in variants:
             again = await h.invoke("alice", directive)

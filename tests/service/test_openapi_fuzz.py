@@ -30,10 +30,6 @@ def _run_schemathesis(url: str, token: str, cwd: Path) -> subprocess.CompletedPr
         "not_a_server_error,sensorium_error_body",
         "--header",
         f"Authorization: Bearer {token}",
-        # One connection per request: kept-alive ones pay 40 ms each until `serve` sets TCP_NODELAY
-        # (see test_keep_alive_requests_are_not_delayed in test_serve_process.py).
-        "--header",
-        "Connection: close",
         # One worker: two race inside hypothesis while building coverage cases ("AST constructor
         # recursion depth mismatch", a schemathesis/hypothesis error, not an answer of ours).
         "--workers",

@@ -205,16 +205,9 @@ async def test_serve_refuses_a_tampered_catalog_with_exit_2(tmp_path: Path) -> N
     assert "serving on" not in text
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason=(
-        "connector/cli/serve_cmd.py: the listener from socket.create_server has proto 0, so asyncio never "
-        "sets TCP_NODELAY on accepted connections; uvicorn writes headers and body separately and Nagle plus "
-        "the client's delayed ACK add ~40 ms to every kept-alive request (fix: TCP_NODELAY on the listener)"
-    ),
-)
 @pytest.mark.asyncio
 async def test_keep_alive_requests_are_not_delayed(tmp_path: Path) -> None:
+    """Accepted sockets need TCP_NODELAY: uvicorn writes headers and body separately (Nagle + delayed ACK)."""
     async with (
         serving("--data-dir", tmp_path / "data", log=tmp_path / "serve.log") as served,
         httpx.AsyncClient(base_url=served.url) as client,

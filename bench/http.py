@@ -1,0 +1,328 @@
+"""HTTP benchmark: one real `serve` process on loopback, driven by an async load client in the same run.
+
+Phases, each with `--workers` concurrent httpx.AsyncClient workers on kept-alive connections, bounded by
+`--requests` and `--seconds` (whichever comes first), after `--warmup` unmeasured requests:
+
+- `healthz`: `GET /healthz`, the no-op reference;
+- `admit`: `POST /v1/directives` admitting BLE replay scans (1 s windows). The replay provider declares
+  concurrent sessions, so no claim refuses; principals rotate (`--principals`) so that the per-principal
+  limit of 16 live operations never refuses either. The scans' filter matches nothing in the fixture: the
+  figure is the admission path, not ingest (that has `bench/ingest.py`). Any non-202 answer is counted as
+  failed;
+- `status`: `GET /v1/operations/{id}` of one running scan whose snapshot holds 64 candidates (every answer
+  is checked to carry them);
+- `wake`: sequential long polls `?wait_seconds=10&after_revision=R` on that scan, whose fixture changes
+  every device's RSSI once a second: the latency is the time from the revision's `updated_at` (the cut) to
+  the answer reaching the client (same host, same wall clock).
+
+The fixture (64 heart-rate devices, then one RSSI change of all of them per second) and the principals are
+written to a temporary data dir. Usage (from the repo root):
+`.venv/bin/python bench/http.py [--workers 8] [--requests 3000] [--seconds 15] [--principals 64]`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import re
+import shlex
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, this file's folder comes first on sys.path, and this file's name would shadow the
+# standard library's `http` package that httpx imports.
+sys.path[:] = [str(ROOT)] + [p for p in sys.path if Path(p or ".").resolve() != ROOT / "bench"]
+
+import httpx  # noqa: E402
+
+from connector.core.authority import make_grant  # noqa: E402
+from connector.storage.principals import add_principal  # noqa: E402
+
+SCAN = "device.discovery.scan"
+HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
+NOTHING = "0000feed-0000-1000-8000-00805f9b34fb"  # in no fixture line: admitted scans ingest nothing
+DEVICES = 64
+TARGET_RATIO = 1.5
+_URL = re.compile(r"serving on (http://127\.0\.0\.1:\d+)")
+
+
+@dataclass
+class Phase:
+    """What one phase measured."""
+
+    name: str
+    latencies: list[float] = field(default_factory=list)
+    elapsed: float = 0.0
+    failures: int = 0
+
+    @property
+    def count(self) -> int:
+        """Measured requests."""
+        return len(self.latencies)
+
+    @property
+    def throughput(self) -> float:
+        """Requests per second over the measured part."""
+        return self.count / self.elapsed if self.elapsed else 0.0
+
+    def percentile(self, q: float) -> float:
+        """Latency percentile in milliseconds (nearest rank)."""
+        ordered = sorted(self.latencies)
+        index = min(len(ordered) - 1, max(0, round(q / 100 * len(ordered)) - 1))
+        return ordered[index] * 1000
+
+
+def write_fixture(path: Path, seconds: int = 60) -> None:
+    """64 heart-rate devices at once, then every second each of them again with another RSSI."""
+    header = {
+        "fixture": "sensorium-hw-fixture.v1",
+        "transport": "ble",
+        "source": "synthesised",
+        "recorded_at": "2026-11-30T00:00:00Z",
+        "adapter": "hci0",
+        "versions": {"generator": "bench/http.py", "format": 1},
+        "notes": "Synthesised for bench/http.py: 64 heart-rate devices, an RSSI change of all per second.",
+    }
+    lines = [json.dumps(header)]
+    for tick in range(seconds):
+        for device in range(DEVICES):
+            observation = {
+                "t_ms": tick * 1000 + 5,
+                "address": f"02:00:00:00:{device // 256:02X}:{device % 256:02X}",
+                "rssi": -60 - (tick + device) % 7,
+                "name": f"bench-{device:02d}",
+                "service_uuids": [HEART_RATE],
+                "connectable": True,
+            }
+            lines.append(json.dumps(observation))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+def scan(window: int, uuid: str) -> dict[str, Any]:
+    """A BLE discovery directive."""
+    return {
+        "schema": "sensorium-directive.v1",
+        "action_id": SCAN,
+        "timing": {"mode": "async", "status_versions": [2]},
+        "input": {"transport": "ble", "window_seconds": window, "filters": {"service_uuids": [uuid]}},
+    }
+
+
+def candidates(status: dict[str, Any]) -> list[Any]:
+    """The candidates of a running status's snapshot."""
+    return list(((status.get("progress") or {}).get("snapshot") or {}).get("candidates") or [])
+
+
+async def start_serve(
+    argv: list[str], log: Path, timeout: float = 60.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Spawn `serve` and wait for the URL it logs."""
+    with log.open("ab") as sink:
+        process = subprocess.Popen(
+            argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink
+        )
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = _URL.search(log.read_text(encoding="utf-8", errors="replace"))
+        if match:
+            return process, match.group(1)
+        if process.poll() is not None:
+            raise SystemExit(f"serve exited with {process.returncode}; see {log}")
+        await asyncio.sleep(0.05)
+    process.kill()
+    raise SystemExit("serve did not report its URL in time")
+
+
+async def run_phase(
+    name: str,
+    request: Callable[[httpx.AsyncClient, int], Awaitable[bool]],
+    *,
+    base_url: str,
+    workers: int,
+    requests: int,
+    seconds: float,
+    warmup: int,
+) -> Phase:
+    """`workers` clients issue `request` until `requests` were measured or `seconds` passed."""
+    phase = Phase(name)
+    limits = httpx.Limits(max_connections=workers, max_keepalive_connections=workers)
+    async with httpx.AsyncClient(base_url=base_url, limits=limits, timeout=30.0) as client:
+        issued = 0
+
+        async def worker(measure: bool, budget: int, until: float) -> None:
+            nonlocal issued
+            while issued < budget and time.monotonic() < until:
+                number = issued
+                issued += 1
+                started = time.perf_counter()
+                ok = await request(client, number)
+                if measure:
+                    phase.latencies.append(time.perf_counter() - started)
+                    phase.failures += 0 if ok else 1
+
+        await asyncio.gather(*(worker(False, warmup, time.monotonic() + seconds) for _ in range(workers)))
+        issued = 0
+        started = time.monotonic()
+        await asyncio.gather(*(worker(True, requests, started + seconds) for _ in range(workers)))
+        phase.elapsed = time.monotonic() - started
+    return phase
+
+
+async def measure_wake(base_url: str, location: str, headers: dict[str, str], samples: int) -> list[float]:
+    """Seconds from each revision's cut (`updated_at`) to the long poll's answer reaching the client."""
+    latencies: list[float] = []
+    async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=30.0) as client:
+        current = (await client.get(location)).json()
+        for _ in range(samples):
+            revision = current["progress"]["revision"]
+            answer = await client.get(location, params={"wait_seconds": 10, "after_revision": revision})
+            received = time.time()
+            current = answer.json()
+            if current.get("status") != "running" or current["progress"]["revision"] <= revision:
+                break
+            cut = datetime.fromisoformat(current["updated_at"].replace("Z", "+00:00")).timestamp()
+            latencies.append(received - cut)
+    return latencies
+
+
+async def main(args: argparse.Namespace) -> int:
+    """Set up, start `serve`, run the phases, print the figures."""
+    print("command:", shlex.join([".venv/bin/python", "bench/http.py", *sys.argv[1:]]))
+    with tempfile.TemporaryDirectory(prefix="bench-http-") as temp:
+        base = Path(temp)
+        fixture = base / "bench-64.jsonl"
+        write_fixture(fixture)
+        data = base / "data"
+        grant = [make_grant(SCAN)]
+        tokens = [add_principal(data, f"load-{i}", "caller", grant) for i in range(args.principals)]
+        poller = add_principal(data, "poller", "caller", grant)
+        argv = [
+            sys.executable,
+            "-m",
+            "connector",
+            "serve",
+            "--data-dir",
+            str(data),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--replay",
+            f"ble={fixture}",
+        ]
+        print("serve:  ", shlex.join(argv))
+        process, url = await start_serve(argv, base / "serve.log")
+        try:
+            phases = await run_all(args, url, tokens, poller)
+        finally:
+            process.send_signal(signal.SIGTERM)
+            try:
+                process.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                process.kill()
+        report(args, *phases)
+    return 0
+
+
+async def run_all(
+    args: argparse.Namespace, url: str, tokens: list[str], poller: str
+) -> tuple[list[Phase], list[float]]:
+    """The four phases in order."""
+    bounds = {"base_url": url, "workers": args.workers, "requests": args.requests, "seconds": args.seconds}
+
+    async def healthz(client: httpx.AsyncClient, _: int) -> bool:
+        return (await client.get("/healthz")).status_code == 200
+
+    async def admit(client: httpx.AsyncClient, number: int) -> bool:
+        headers = {"Authorization": f"Bearer {tokens[number % len(tokens)]}"}
+        answer = await client.post("/v1/directives", json=scan(1, NOTHING), headers=headers)
+        return answer.status_code == 202
+
+    noop = await run_phase("healthz", healthz, warmup=args.warmup, **bounds)
+    admitted = await run_phase("admit", admit, warmup=args.warmup, **bounds)
+    await asyncio.sleep(2.5)  # let the admitted 1 s scans end before the next phase
+    auth = {"Authorization": f"Bearer {poller}"}
+    async with httpx.AsyncClient(base_url=url, headers=auth, timeout=30.0) as client:
+        accepted = await client.post("/v1/directives", json=scan(60, HEART_RATE))
+        location = accepted.headers["location"]
+        while len(candidates((await client.get(location)).json())) < DEVICES:
+            await asyncio.sleep(0.1)
+
+    async def status(client: httpx.AsyncClient, _: int) -> bool:
+        answer = await client.get(location, headers=auth)
+        return answer.status_code == 200 and len(candidates(answer.json())) == DEVICES
+
+    polled = await run_phase(
+        "status", status, warmup=args.warmup, **{**bounds, "seconds": min(args.seconds, 20)}
+    )
+    wake = await measure_wake(url, location, auth, args.wake_samples)
+    return [noop, admitted, polled], wake
+
+
+def report(args: argparse.Namespace, phases: list[Phase], wake: list[float]) -> None:
+    """The table, the ratios against the no-op route, and the long-poll wake-up latency."""
+    print(f"machine: {platform.machine()} {os.cpu_count()} CPU, Python {platform.python_version()}")
+    print(f"workers {args.workers}, up to {args.requests} requests or {args.seconds} s per phase\n")
+    noop = phases[0]
+    print(
+        f"{'route':<10} {'requests':>8} {'failed':>6} {'p50 ms':>8} {'p99 ms':>8} {'req/s':>8}"
+        f" {'p50 x':>6} {'p99 x':>6} {'thr x':>6}"
+    )
+    for phase in phases:
+        p50, p99 = phase.percentile(50), phase.percentile(99)
+        shown = (p50 / noop.percentile(50), p99 / noop.percentile(99), noop.throughput / phase.throughput)
+        print(
+            f"{phase.name:<10} {phase.count:>8} {phase.failures:>6} {p50:>8.2f} {p99:>8.2f}"
+            f" {phase.throughput:>8.0f} {shown[0]:>6.2f} {shown[1]:>6.2f} {shown[2]:>6.2f}"
+        )
+    print(
+        "\n(x = ratio to healthz: latency / healthz latency, healthz req/s / route req/s;"
+        f" target <= {TARGET_RATIO})"
+    )
+    for phase in phases[1:]:
+        ratios = {
+            "p50": phase.percentile(50) / noop.percentile(50),
+            "p99": phase.percentile(99) / noop.percentile(99),
+            "throughput": noop.throughput / phase.throughput,
+        }
+        missed = [f"{name} {value:.2f}x" for name, value in ratios.items() if value > TARGET_RATIO]
+        print(f"{phase.name}: " + ("within target" if not missed else "over target: " + ", ".join(missed)))
+    if wake:
+        ms = sorted(w * 1000 for w in wake)
+        print(
+            f"long-poll wake-up after a new revision: n={len(ms)} median {statistics.median(ms):.1f} ms,"
+            f" max {ms[-1]:.1f} ms"
+        )
+    else:
+        print("long-poll wake-up: no sample (the scan ended or no revision came)")
+
+
+def parse_args() -> argparse.Namespace:
+    """Command-line options."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--workers", type=int, default=8)
+    parser.add_argument(
+        "--requests", type=int, default=3000, help="measured requests per phase (upper bound)"
+    )
+    parser.add_argument("--seconds", type=float, default=15.0, help="time bound per phase")
+    parser.add_argument("--warmup", type=int, default=200)
+    parser.add_argument("--principals", type=int, default=64, help="callers the admissions rotate through")
+    parser.add_argument("--wake-samples", type=int, default=10)
+    return parser.parse_args()
+
+
+if __name__ == "__main__":
+    sys.exit(asyncio.run(main(parse_args())))
