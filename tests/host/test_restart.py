@@ -113,3 +113,25 @@ async def test_a_restart_interrupts_discovery_mirrors_commands_and_restarts_noth
     assert starts == ["ble"]  # no scan restarted by itself
     assert len(resumed) == 1 and resumed[0].resumed
     assert resumed[0].continuation["context"]["redacted"]["json"]["text"] == "write to [email]"
+
+
+async def test_a_keyed_repeat_after_a_restart_answers_the_interrupted_handle_and_starts_nothing(
+    tmp_path: Path,
+) -> None:
+    tokens = add_principals(tmp_path, ())
+    starts: list[str] = []
+    settings: dict[str, Any] = {"host_poller": False, "providers": counting(starts)}
+    keyed = {**scan_directive(30), "idempotency_key": "bench-run-7"}
+    async with host_app(tmp_path, **settings) as (_, client):
+        first = await client.post("/v1/host/directives", json=keyed, headers=bearer(tokens.alice))
+        assert first.status_code == 202
+        await poll_until(client, first.json()["status_href"], tokens.alice, lambda b: b["status"] == "running")
+    assert starts == ["ble"]
+    async with host_app(tmp_path, **settings) as (_, client):
+        again = await client.post("/v1/host/directives", json=keyed, headers=bearer(tokens.alice))
+        assert again.status_code == 202
+        assert again.content == first.content
+        status = (await client.get(again.json()["status_href"], headers=bearer(tokens.alice))).json()
+        assert status["status"] == "failed"
+        assert status["error"]["code"] == "interrupted-by-restart"
+    assert starts == ["ble"]  # no second, untracked session under the same id
