@@ -125,7 +125,9 @@ async def test_a_keyed_repeat_after_a_restart_answers_the_interrupted_handle_and
     async with host_app(tmp_path, **settings) as (_, client):
         first = await client.post("/v1/host/directives", json=keyed, headers=bearer(tokens.alice))
         assert first.status_code == 202
-        await poll_until(client, first.json()["status_href"], tokens.alice, lambda b: b["status"] == "running")
+        await poll_until(
+            client, first.json()["status_href"], tokens.alice, lambda b: b["status"] == "running"
+        )
     assert starts == ["ble"]
     async with host_app(tmp_path, **settings) as (_, client):
         again = await client.post("/v1/host/directives", json=keyed, headers=bearer(tokens.alice))
