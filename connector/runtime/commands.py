@@ -291,6 +291,8 @@ class CommandRunner:
         interrupted = [op for op in unfinished if op.operation_id not in self._jobs]
         for operation in interrupted:
             await self._persist(operation, _Outcome(Status.FAILED, error_code=INTERRUPTED_BY_RESTART), now)
+        if interrupted:
+            await self._state.compact()
         return [operation.operation_id for operation in interrupted]
 
     async def submit(

@@ -156,6 +156,16 @@ class ConnectorState:
         async with self._lock:
             await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
 
+    async def compact(self) -> None:
+        """Rebuild the file (VACUUM) and truncate the WAL: no freed page keeps bytes of cleared values.
+
+        `secure_delete` zeroes what this connection frees; pages left behind by a killed process are not
+        covered by it, so recovery compacts once after clearing interrupted inputs.
+        """
+        async with self._lock:
+            await self._db.execute("VACUUM")
+            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
     # -- bindings -------------------------------------------------------------------------------------
 
     async def insert_binding(self, binding: Binding) -> None:
