@@ -73,6 +73,9 @@ class SessionView:
     erased_at_ms: int | None
     disclosed_count: int
     causal_context: Mapping[str, Any] | None = None
+    # Time of the last lifecycle change (status, cancellation, cleanup, erasure). Unlike `updated_at_ms` it
+    # does not move with revision cuts, whose timing follows the devices seen (SPEC 7: not durable).
+    state_changed_at_ms: int | None = None
 
 
 def _delivers_candidates(view: SessionView) -> bool:
@@ -169,7 +172,9 @@ def durable_metadata(view: SessionView) -> dict[str, Any]:
         "action_id": view.action_id,
         "status": view.status,
         "created_at": format_ms(view.created_at_ms),
-        "updated_at": format_ms(view.updated_at_ms),
+        "updated_at": format_ms(
+            view.updated_at_ms if view.state_changed_at_ms is None else view.state_changed_at_ms
+        ),
         "scope": redacted_scope(view.scope),
         "disclosed_count": view.disclosed_count,
         "cleanup": {"state": view.cleanup_state, "claim": view.claim},

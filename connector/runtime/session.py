@@ -113,6 +113,7 @@ class DiscoverySession:
         self._clock = clock
         self.status = Status.PENDING
         self.updated_at_ms = spec.created_at_ms
+        self.state_changed_at_ms = spec.created_at_ms
         self.reason: str | None = None
         self.error_code: str | None = None
         self.cancellation_state: str | None = None
@@ -193,6 +194,7 @@ class DiscoverySession:
             erased_at_ms=self.erased_at_ms,
             disclosed_count=len(self.disclosed),
             causal_context=spec.causal_context,
+            state_changed_at_ms=self.state_changed_at_ms,
         )
 
     # ---- provider-facing (event-loop thread) ---------------------------------------------------------------
@@ -319,7 +321,7 @@ class DiscoverySession:
         cause = self.end_cause
         if cause in _COMPLETING:
             if self.table.cut(self._clock(), final=True) is not None:
-                self._touch()
+                self._revised()
         elif cause is EndCause.FAILURE and self._end_code == PROVIDER_RESTARTED:
             self.table.erase()
         acknowledged = await self.stop_provider()
@@ -387,7 +389,7 @@ class DiscoverySession:
 
     def _cut(self, now_ms: int) -> None:
         if self.table.cut(now_ms) is not None:
-            self._touch()
+            self._revised()
         if self.table.limit_reason is not None:
             self.request_end(EndCause.LIMIT)
 
@@ -399,6 +401,12 @@ class DiscoverySession:
         self._touch()
 
     def _touch(self) -> None:
+        """A lifecycle change: both the caller's and the durable `updated_at` move."""
+        self.updated_at_ms = self.state_changed_at_ms = self._clock()
+        self._notify()
+
+    def _revised(self) -> None:
+        """A new revision: only the caller-private `updated_at` moves (its timing follows the devices)."""
         self.updated_at_ms = self._clock()
         self._notify()
 

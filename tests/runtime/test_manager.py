@@ -267,3 +267,25 @@ async def test_a_long_poll_during_a_pending_cancel_waits_for_the_end_instead_of_
         final = await manager.wait_for_change(handle.operation_id, None, 2.0)
         assert final["status"] == "cancelled"
         assert_valid_polls([first, quiet, final])
+
+
+@pytest.mark.asyncio
+async def test_durable_updated_at_does_not_follow_revision_timing() -> None:
+    # Devices arriving at 50, 150 and 250 ms cut three revisions; their timing is candidate-derived, so
+    # the durable projection's `updated_at` moves only with lifecycle changes (start, end).
+    timeline = [(50, strap(0)), (150, strap(1)), (250, strap(2))]
+    async with fast_manager() as manager:
+        handle = await start(
+            manager, FaultProvider(timeline), profile=with_profile(min_revision_interval_ms=50), window_ms=400
+        )
+        seen: list[tuple[int, str]] = []
+        with anyio.fail_after(5):
+            while (status := manager.status(handle.operation_id))["status"] == "running" or not seen:
+                if status["status"] == "running" and "progress" in status:
+                    seen.append(
+                        (status["progress"]["revision"], manager.metadata(handle.operation_id)["updated_at"])
+                    )
+                await anyio.sleep(0.01)
+    revisions = {revision for revision, _ in seen}
+    assert len(revisions) >= 2
+    assert len({updated for _, updated in seen}) == 1
