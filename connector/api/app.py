@@ -18,6 +18,7 @@ from connector.api.errors import (
     install_error_handlers,
 )
 from connector.service.connector import ConnectorService
+from connector.telemetry.metrics import RequestTimer, Telemetry
 
 
 @dataclass(slots=True)
@@ -43,12 +44,15 @@ def create_app(
     metrics: CollectorRegistry,
     routers: Iterable[APIRouter] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    telemetry: Telemetry | None = None,
 ) -> FastAPI:
     """Build the HTTP face of one connector process."""
     app = FastAPI(title="sensorium-os-connector", version="0.1.0", docs_url=None, redoc_url=None)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(InternalErrors)  # added last: outermost, so it also covers the body limit
+    if telemetry is not None:
+        app.add_middleware(RequestTimer, telemetry=telemetry)  # times everything, refusals included
     app.include_router(connector_router(service))
     for router in routers:
         app.include_router(router)

@@ -24,6 +24,17 @@ EXIT_USAGE = 2
 EXIT_CANCELLED = 130
 
 
+class DefaultsHelp(argparse.RawDescriptionHelpFormatter):
+    """Help that shows each option's default, except where there is none or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str | None:
+        text = action.help or ""
+        default = action.default
+        if "(default" in text or default in (None, [], False, argparse.SUPPRESS) or not action.option_strings:
+            return text
+        return f"{text} (default: %(default)s)"
+
+
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every available subcommand."""
     parser = argparse.ArgumentParser(prog="sensorium-connector", description=__doc__)

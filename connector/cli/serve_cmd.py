@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import signal
 import socket
 import sys
@@ -17,10 +18,12 @@ import uvicorn
 
 from connector.api.console import console_router
 from connector.bus.messages import Subjects, check_broker_url
-from connector.cli.main import EXIT_OK, EXIT_USAGE, usage_error
+from connector.cli.main import EXIT_OK, EXIT_USAGE, DefaultsHelp, usage_error
 from connector.errors import CatalogError
 from connector.host.routes import host_router
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
+from connector.telemetry.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
+from providers.simulated import parse_simulate
 
 _log = logging.getLogger("sensorium.serve")
 
@@ -45,18 +48,63 @@ class _Server(uvicorn.Server):
 
 def register(subparsers: Any) -> None:
     """Add the `serve` command."""
-    parser = subparsers.add_parser("serve", help="run the connector service")
-    parser.add_argument("--data-dir", type=Path, default=Path(".sensorium"))
-    parser.add_argument("--host", default="127.0.0.1")
-    parser.add_argument("--port", type=int, default=8787)
-    parser.add_argument("--catalog", type=Path, default=Path("catalog/actions.json"))
-    parser.add_argument("--trust", type=Path, default=Path("catalog/trust"))
-    parser.add_argument("--replay", action="append", default=[], metavar="TRANSPORT=FILE")
-    parser.add_argument("--replay-speed", type=float, default=1.0)
-    parser.add_argument("--nats", default=None, metavar="URL")
+    parser = subparsers.add_parser(
+        "serve",
+        help="run the connector service",
+        description=(
+            "Run the connector, the reference host, its poller and the operator console in one process, "
+            "with embedded SQLite state under --data-dir. Stops on SIGTERM or Ctrl-C after every running "
+            "scan confirmed its stop."
+        ),
+        formatter_class=DefaultsHelp,
+    )
+    parser.add_argument("--data-dir", type=Path, default=Path(".sensorium"), help="state directory")
+    parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
+    parser.add_argument("--port", type=int, default=8787, help="TCP port (0 picks a free one)")
+    parser.add_argument(
+        "--catalog", type=Path, default=Path("catalog/actions.json"), help="signed action catalog"
+    )
+    parser.add_argument("--trust", type=Path, default=Path("catalog/trust"), help="trusted operator keys")
+    parser.add_argument(
+        "--replay",
+        action="append",
+        default=[],
+        metavar="TRANSPORT=FILE",
+        help="play an hw-fixtures file instead of real hardware for TRANSPORT (ble, usb-serial, mdns); "
+        "repeatable",
+    )
+    parser.add_argument(
+        "--replay-speed", type=float, default=1.0, metavar="X", help="replay at X times recorded speed"
+    )
+    parser.add_argument(
+        "--simulate",
+        nargs="?",
+        const="all",
+        default=None,
+        metavar="T[,T...]",
+        help="simulated backends driven by the operator routes /v1/sim/... for the named transports "
+        "(bare: all three); for mock-device CI, never for production",
+    )
+    parser.add_argument("--nats", default=None, metavar="URL", help="NATS broker URL for the Bus face")
     parser.add_argument("--nats-service", default="sensorium-os", metavar="NAME", help="Bus subject prefix")
-    parser.add_argument("--mdns-interfaces", default=None, metavar="IP[,IP...]")
-    parser.add_argument("--ble-adapter", default=None)
+    parser.add_argument(
+        "--mdns-interfaces",
+        default=None,
+        metavar="IP[,IP...]",
+        help="interfaces mDNS queries go to (default: the interface of the default route)",
+    )
+    parser.add_argument(
+        "--ble-adapter",
+        default=None,
+        metavar="NAME",
+        help="BLE adapter for directives that name none (default: the first powered adapter)",
+    )
+    parser.add_argument(
+        "--log-format",
+        choices=LOG_FORMATS,
+        default=None,
+        help=f"log lines as plain text or JSON Lines (default: ${LOG_FORMAT_ENV}, else text)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -78,12 +126,18 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
     interfaces = [ip for ip in args.mdns_interfaces.split(",") if ip] if args.mdns_interfaces else None
     if args.replay_speed <= 0:
         raise ValueError("--replay-speed must be greater than 0")
+    replays = parse_replays(args.replay)
+    simulate = () if args.simulate is None else parse_simulate(args.simulate)
+    both = sorted(set(replays) & set(simulate))
+    if both:
+        raise ValueError(f"--replay and --simulate both name {', '.join(both)}: choose one per transport")
     return ConnectorConfig(
         data_dir=args.data_dir,
         catalog=args.catalog,
         trust_dir=args.trust,
-        replay=parse_replays(args.replay),
+        replay=replays,
         replay_speed=args.replay_speed,
+        simulate=simulate,
         ble_adapter=args.ble_adapter,
         mdns_interfaces=interfaces,
         nats_url=None if args.nats is None else check_broker_url(args.nats),
@@ -99,9 +153,10 @@ def _nats_service(name: str) -> str:
 
 def run(args: argparse.Namespace) -> int:
     """Bind, serve until SIGTERM/SIGINT, stop every session with confirmed cleanup, exit."""
-    logging.basicConfig(
-        level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    log_format = args.log_format or os.environ.get(LOG_FORMAT_ENV, "text")
+    if log_format not in LOG_FORMATS:
+        return usage_error(f"{LOG_FORMAT_ENV} must be one of {', '.join(LOG_FORMATS)}")
+    configure_logging(log_format, sys.stderr)
     try:
         config = config_from(args)
         listener = socket.create_server((args.host, args.port), reuse_port=False)
@@ -128,6 +183,8 @@ async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
             assembled.catalog.catalog_id,
             assembled.catalog.version,
         )
+        if assembled.simulation is not None:
+            _log.warning("simulated backends for %s: driven by /v1/sim/...", ", ".join(config.simulate))
         await server.serve(sockets=[listener])
         _log.info("shutting down: stopping sessions with confirmed cleanup")
     _log.info("stopped")

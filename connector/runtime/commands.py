@@ -262,8 +262,10 @@ class CommandRunner:
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         kill_after_seconds: float = 2.0,
         clock: Callable[[], datetime] = utc_now,
+        listener: Callable[[str, CommandOperation], None] | None = None,
     ) -> None:
         self._state = state
+        self._listener = listener
         self._limiter = anyio.CapacityLimiter(max_workers)
         self._max_output_bytes = max_output_bytes
         self._kill_after = kill_after_seconds
@@ -331,6 +333,7 @@ class CommandRunner:
         if mode == "async" and self._task_group is None:
             raise SensoriumError("the command runner is not started", code="internal")
         await self._state.insert_operation(operation)
+        self._emit("admitted", operation)
         self._jobs[operation_id] = job
         if mode == "sync":
             await self._run_job(operation, job)
@@ -513,7 +516,17 @@ class CommandRunner:
             error_code=outcome.error_code,
         )
         await self._state.update_operation(updated)
+        self._emit("ended" if terminal else updated.status, updated)
         return updated
+
+    def _emit(self, event: str, operation: CommandOperation) -> None:
+        """Tell the listener (telemetry); its failure never reaches the operation."""
+        if self._listener is None:
+            return
+        try:
+            self._listener(event, operation)
+        except Exception as error:
+            _log.error("command listener failed with %s", type(error).__name__)
 
     async def _require(self, operation_id: str) -> CommandOperation:
         """The stored row; `unknown-operation` when there is none."""

@@ -25,7 +25,7 @@ from connector.core.scope import DiscoveryProfile, DiscoveryScope
 from connector.core.snapshot import CandidateTable
 from connector.errors import SensoriumError
 from connector.runtime.claims import ClaimRegistry, claim_key
-from connector.runtime.session import DiscoverySession, SessionHandle, SessionSpec
+from connector.runtime.session import DiscoverySession, SessionHandle, SessionListener, SessionSpec
 from providers.base import Provider
 
 DEFAULT_METADATA_RETENTION_SECONDS = 7 * 24 * 3600
@@ -58,8 +58,12 @@ class DiscoveryManager:
         cleanup_retry_initial_s: float = 0.5,
         cleanup_retry_max_s: float = 30.0,
         metadata_retention_seconds: int = DEFAULT_METADATA_RETENTION_SECONDS,
+        listener: SessionListener | None = None,
     ) -> None:
         self._clock = clock
+        self._listener = listener
+        # When each uncertain cleanup is retried next (wall-clock ms), for the operator's adapters page.
+        self._next_retry_ms: dict[str, int] = {}
         self.claims = claims or ClaimRegistry()
         self._new_id = new_id
         self._retry_initial_s = cleanup_retry_initial_s
@@ -154,8 +158,12 @@ class DiscoveryManager:
             retry_after_seconds=retry_after_seconds,
         )
         table = CandidateTable(scope, profile, generation=self._new_id(), new_ref=self._new_id)
-        session = DiscoverySession(spec, provider=provider, table=table, claim=claim, clock=self._clock)
+        session = DiscoverySession(
+            spec, provider=provider, table=table, claim=claim, clock=self._clock, listener=self._listener
+        )
         self._sessions[operation_id] = session
+        if self._listener is not None:
+            self._listener("admitted", session)
         task_group.start_soon(self._run, session)
         return SessionHandle(session)
 
@@ -177,13 +185,18 @@ class DiscoveryManager:
     async def _retry_cleanup(self, session: DiscoverySession) -> None:
         """Retry the stop with bounded backoff until acknowledged; only then release the claim."""
         delay = self._retry_initial_s
-        while True:
-            await anyio.sleep(delay)
-            if await session.stop_provider():
-                self.claims.release(session.claim)
-                session.cleanup_acknowledged_late()
-                return
-            delay = min(delay * 2, self._retry_max_s)
+        op_id = session.spec.operation_id
+        try:
+            while True:
+                self._next_retry_ms[op_id] = self._clock() + int(delay * 1000)
+                await anyio.sleep(delay)
+                if await session.stop_provider():
+                    self.claims.release(session.claim)
+                    session.cleanup_acknowledged_late()
+                    return
+                delay = min(delay * 2, self._retry_max_s)
+        finally:
+            self._next_retry_ms.pop(op_id, None)
 
     async def _retain(self, session: DiscoverySession) -> None:
         """Erase a completed result after its retention; forget the operation after metadata retention."""
@@ -217,6 +230,14 @@ class DiscoveryManager:
     def operation_ids(self) -> Iterator[str]:
         """Every operation this runtime still retains."""
         return iter(list(self._sessions))
+
+    def sessions(self) -> list[SessionHandle]:
+        """Read-only handles on every retained session (operator views, metrics)."""
+        return [SessionHandle(session) for session in self._sessions.values()]
+
+    def next_cleanup_retry_ms(self, operation_id: str) -> int | None:
+        """When an uncertain cleanup is retried next, if one is being retried."""
+        return self._next_retry_ms.get(operation_id)
 
     def active_count(self) -> int:
         """How many sessions are not terminal yet (for metrics)."""

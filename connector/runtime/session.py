@@ -57,6 +57,8 @@ class EndCause(StrEnum):
 
 
 _COMPLETING = frozenset({EndCause.WINDOW, EndCause.DEADLINE, EndCause.LIMIT})
+# Told of each lifecycle event (`running`, `cancel-requested`, `ended`, `cleanup-confirmed`); telemetry only.
+SessionListener = Callable[[str, "DiscoverySession"], None]
 
 
 @dataclass(frozen=True, slots=True)
@@ -105,6 +107,7 @@ class DiscoverySession:
         table: CandidateTable,
         claim: Claim,
         clock: Callable[[], int],
+        listener: SessionListener | None = None,
     ) -> None:
         self.spec = spec
         self.provider = provider
@@ -135,6 +138,9 @@ class DiscoverySession:
         self._changed = anyio.Event()
         self.finished = anyio.Event()
         self.sink = _Sink(self)
+        self._listener = listener
+        # How long the latest provider stop took (acknowledged or not); telemetry only.
+        self.last_stop_ms: int | None = None
 
     # ---- reading -------------------------------------------------------------------------------------------
 
@@ -238,6 +244,7 @@ class DiscoverySession:
         self._accepting = False
         self._wake.set()
         self._notify()
+        self._emit("cancel-requested")
         return True
 
     def terminate(self, code: str, *, erase: bool) -> bool:
@@ -332,19 +339,24 @@ class DiscoverySession:
         session = self._provider_session
         if session is None:
             return True
-        with anyio.move_on_after(self.spec.profile.cleanup_timeout_ms / 1000.0, shield=True):
-            try:
-                await session.stop()
-            except Exception:  # StopUnconfirmed or any backend error: not an acknowledgement
-                return False
-            return True
-        return False
+        started_ms = self._clock()
+        try:
+            with anyio.move_on_after(self.spec.profile.cleanup_timeout_ms / 1000.0, shield=True):
+                try:
+                    await session.stop()
+                except Exception:  # StopUnconfirmed or any backend error: not an acknowledgement
+                    return False
+                return True
+            return False
+        finally:
+            self.last_stop_ms = self._clock() - started_ms
 
     def cleanup_acknowledged_late(self) -> None:
         """A background retry saw the acknowledgement: cleanup confirmed, claim released."""
         self.cleanup_state = "confirmed"
         self.claim_state = "released"
         self._touch()
+        self._emit("cleanup-confirmed")
 
     # ---- time ----------------------------------------------------------------------------------------------
 
@@ -399,6 +411,16 @@ class DiscoverySession:
         if is_terminal(new):
             self.terminal_at_ms = self._clock()
         self._touch()
+        self._emit("ended" if is_terminal(new) else new.value)
+
+    def _emit(self, event: str) -> None:
+        """Tell the listener (telemetry); its failure never reaches the session."""
+        if self._listener is None:
+            return
+        try:
+            self._listener(event, self)
+        except Exception as error:
+            logger.error("session listener failed with %s", type(error).__name__)
 
     def _touch(self) -> None:
         """A lifecycle change: both the caller's and the durable `updated_at` move."""
@@ -513,6 +535,31 @@ class SessionHandle:
     def cleanup_state(self) -> str:
         """`pending`, `confirmed` or `uncertain`."""
         return self._session.cleanup_state
+
+    @property
+    def transport(self) -> str:
+        """The scanned transport."""
+        return self._session.spec.scope.transport
+
+    @property
+    def adapter(self) -> str:
+        """The adapter of the session's claim (the transport's default when the scope named none)."""
+        return self._session.claim.key.adapter
+
+    @property
+    def claim_held(self) -> bool:
+        """True while the session holds its (transport, adapter) claim."""
+        return self._session.claim_state == "held"
+
+    @property
+    def cleanup_uncertain(self) -> bool:
+        """True while a stop was not acknowledged and the claim is still held."""
+        return self._session.cleanup_uncertain
+
+    @property
+    def terminal_at_ms(self) -> int | None:
+        """When the terminal status was reported."""
+        return self._session.terminal_at_ms
 
     @property
     def termination_confirmed(self) -> bool:

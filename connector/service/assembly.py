@@ -30,8 +30,11 @@ from connector.service.connector import ConnectorService, wall_clock
 from connector.storage.principals import PrincipalDirectory
 from connector.storage.registry import DeferredRegistry
 from connector.storage.state import ConnectorState
+from connector.telemetry.metrics import Telemetry
+from connector.telemetry.runtime import command_event, session_event
 from providers.base import ObservationSink, Provider, ProviderCapabilities, ProviderSession
 from providers.registry import build_provider
+from providers.simulated import Simulation
 
 _log = logging.getLogger("sensorium.serve")
 
@@ -53,6 +56,8 @@ class ConnectorConfig:
     host_retention_seconds: int = 7 * 24 * 3600
     host_poller: bool = True
     nats_service: str = "sensorium-os"
+    # Transports whose providers are simulated backends driven by `/v1/sim/...` (SPEC 13.1); never default.
+    simulate: tuple[Transport, ...] = ()
 
 
 @dataclass(slots=True)
@@ -70,6 +75,8 @@ class Assembled:
     app: FastAPI
     host: HostService
     registry: DeferredRegistry
+    telemetry: Telemetry
+    simulation: Simulation | None = None
 
 
 class _UnavailableProvider:
@@ -89,14 +96,19 @@ class _UnavailableProvider:
         raise self._error
 
 
-def provider_factory(config: ConnectorConfig) -> Callable[[str, str | None], Provider]:
-    """Builds the provider of a transport: replay fixtures where configured, else the real backend."""
+def provider_factory(
+    config: ConnectorConfig, simulation: Simulation | None = None
+) -> Callable[[str, str | None], Provider]:
+    """Builds the provider of a transport: simulated or replayed where configured, else the real backend."""
 
     # A replay provider serves any number of sessions: parse each fixture once, not on every admission.
     replays: dict[str, Provider] = {}
 
     def build(transport: str, adapter: str | None) -> Provider:
         name: Transport = transport  # type: ignore[assignment]  # admitted scopes only name known transports
+        simulated = None if simulation is None else simulation.provider(transport)
+        if simulated is not None:
+            return simulated
         replay = config.replay.get(transport)
         if replay is not None and transport in replays:
             return replays[transport]
@@ -130,30 +142,40 @@ async def assemble(
         config.catalog, trust_dir=config.trust_dir, data_dir=config.data_dir, now=clock()
     )
     readiness = Readiness(catalog_verified=True, bus_required=config.nats_url is not None)
+    simulation = Simulation(config.simulate) if config.simulate else None
+    metrics = CollectorRegistry()
+    telemetry = Telemetry(metrics)
     async with AsyncExitStack() as stack:
         state = await stack.enter_async_context(await ConnectorState.open(config.data_dir))
-        commands = await stack.enter_async_context(CommandRunner(state))
+        commands = await stack.enter_async_context(
+            CommandRunner(state, listener=lambda event, op: telemetry.emit(command_event(event, op)))
+        )
         interrupted = await commands.recover(clock())
         if interrupted:
             _log.info("marked %d interrupted command operations", len(interrupted))
-        discovery = await stack.enter_async_context(DiscoveryManager())
+        discovery = await stack.enter_async_context(
+            DiscoveryManager(listener=lambda event, session: telemetry.emit(session_event(event, session)))
+        )
         service = ConnectorService(
             catalog=catalog,
             principals=PrincipalDirectory(config.data_dir),
             discovery=discovery,
             commands=commands,
             state=state,
-            providers=providers or provider_factory(config),
+            providers=providers or provider_factory(config, simulation),
             clock=clock,
         )
-        metrics = CollectorRegistry()
         _register_session_gauge(metrics, discovery)
+        telemetry.watch_sessions(discovery.sessions)
         watchers = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(watchers.cancel_scope.cancel)  # runs first on exit, then the group is awaited
         watchers.start_soon(service.watch_principals)
         registry = await stack.enter_async_context(await DeferredRegistry.open(config.data_dir))
         host = _open_host(config, service, registry, metrics, clock)
         stack.callback(host.close)
+        # On exit, after the poller stopped and before the registry closes: stop the sessions (confirmed
+        # cleanup) and record what each one observed, so the registry never keeps a stale `running`.
+        stack.push_async_callback(_record_shutdown, discovery, host)
         ended = await host.recover(clock())
         if ended:
             _log.info("marked %d host operations ended by the restart", len(ended))
@@ -172,6 +194,8 @@ async def assemble(
             app=FastAPI(),
             host=host,
             registry=registry,
+            telemetry=telemetry,
+            simulation=simulation,
         )
         if config.nats_url is not None:
             await stack.enter_async_context(_open_bus(config, assembled, clock))
@@ -179,10 +203,32 @@ async def assemble(
             service,
             readiness=readiness,
             metrics=metrics,
-            routers=routers(assembled),
+            routers=[*routers(assembled), *_simulation_routers(assembled)],
             max_body_bytes=config.max_body_bytes,
+            telemetry=telemetry,
         )
         yield assembled
+
+
+def _simulation_routers(assembled: Assembled) -> list[APIRouter]:
+    """The `/v1/sim/...` routes, only when `--simulate` is on (else they answer 404 `not-found`)."""
+    if assembled.simulation is None:
+        return []
+    from connector.api.sim_routes import sim_router
+
+    return [sim_router(assembled.simulation, assembled.service.authenticate)]
+
+
+async def _record_shutdown(discovery: DiscoveryManager, host: HostService) -> None:
+    """Stop every live session, then record each host operation's observed end in the registry."""
+    await discovery.aclose()
+    try:
+        recorded = await host.record_observed_ends()
+    except Exception as error:  # shutting down regardless; the next start marks what is left
+        _log.error("recording the observed ends failed with %s", type(error).__name__)
+        return
+    if recorded:
+        _log.info("recorded the observed end of %d operations stopped by the shutdown", recorded)
 
 
 def _register_session_gauge(metrics: CollectorRegistry, discovery: DiscoveryManager) -> None:

@@ -516,6 +516,9 @@ class DeferredRegistry:
                 continue
             metadata = {**record.metadata, "status": Status.FAILED.value}
             metadata["error_code"] = INTERRUPTED_BY_RESTART
+            if "cleanup" in metadata:
+                # SPEC 6.7: a restart ends every claim (the old process's sessions went with it).
+                metadata["cleanup"] = {"state": "confirmed", "claim": "released"}
             metadata.pop("retry_after_seconds", None)
             marked.append(
                 await self.record_status(

@@ -1,0 +1,97 @@
+"""SPEC 13.1 simulation routes (`serve --simulate` only): script devices and adapter faults at run time.
+
+Operators only (401 without a token, 403 for callers). A transport that is not simulated, an unknown
+transport and an unknown device all answer 404 `not-found`, like a route that does not exist. Refusals
+name JSON paths and rules, never a value of the posted observation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from starlette.responses import Response
+
+from connector.api.errors import JsonResponse, bearer_token, parse_json_body, to_response
+from connector.core import authority
+from connector.core.authority import Principal
+from connector.errors import SensoriumError
+from connector.service.replies import error_reply
+from providers.simulated import SimulatedAdapter, Simulation, adapter_command, parse_device
+
+_ERROR = {"description": "a sensorium-error.v1 refusal"}
+_JSON_OBJECT: dict[str, Any] = {
+    "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
+}
+_SIM_ID = {"type": "object", "properties": {"sim/id": {"type": "string"}}, "required": ["sim/id"]}
+_SIM_ID_CONTENT = {"application/json": {"schema": _SIM_ID}}
+
+
+def _not_found() -> SensoriumError:
+    return SensoriumError("not found", code="not-found")
+
+
+def sim_router(simulation: Simulation, authenticate: Any) -> APIRouter:
+    """`/v1/sim/{transport}/devices[/{sim_id}]` and `/v1/sim/{transport}/adapter`."""
+    router = APIRouter()
+
+    def adapter_for(request: Request, transport: str) -> SimulatedAdapter:
+        principal: Principal = authenticate(bearer_token(request))
+        authority.require_operator(principal)
+        adapter = simulation.adapter(transport)
+        if adapter is None:
+            raise _not_found()
+        return adapter
+
+    @router.post(
+        "/v1/sim/{transport}/devices",
+        openapi_extra=_JSON_OBJECT,
+        responses={
+            200: {"description": "the device was updated", "content": _SIM_ID_CONTENT},
+            201: {"description": "the device appeared", "content": _SIM_ID_CONTENT},
+            400: _ERROR,
+            401: _ERROR,
+            403: _ERROR,
+            404: _ERROR,
+            422: _ERROR,
+        },
+    )
+    async def put_device(request: Request, transport: str) -> Response:
+        """A device appears (201) or, when its identity is known, updates (200)."""
+        try:
+            adapter = adapter_for(request, transport)
+            observation, interval_ms = parse_device(adapter.transport, parse_json_body(await request.body()))
+            sim_id, created = adapter.put(observation, interval_ms)
+        except SensoriumError as error:
+            return to_response(error_reply(error))
+        return JsonResponse({"sim/id": sim_id}, status_code=201 if created else 200)
+
+    @router.delete(
+        "/v1/sim/{transport}/devices/{sim_id}",
+        status_code=204,
+        responses={401: _ERROR, 403: _ERROR, 404: _ERROR},
+    )
+    async def remove_device(request: Request, transport: str, sim_id: str) -> Response:
+        """The device leaves (a USB removal, an mDNS goodbye; a BLE device stops advertising)."""
+        try:
+            if not adapter_for(request, transport).remove(sim_id):
+                raise _not_found()
+        except SensoriumError as error:
+            return to_response(error_reply(error))
+        return Response(status_code=204)
+
+    @router.post(
+        "/v1/sim/{transport}/adapter",
+        openapi_extra=_JSON_OBJECT,
+        responses={400: _ERROR, 401: _ERROR, 403: _ERROR, 404: _ERROR, 422: _ERROR},
+    )
+    async def adapter_state(request: Request, transport: str) -> Response:
+        """`{"powered": bool}`, `{"restart": true}` or `{"stop": "ack"|"refuse"|"stall"}`; the new state."""
+        try:
+            adapter = adapter_for(request, transport)
+            state = adapter_command(adapter, parse_json_body(await request.body()))
+        except SensoriumError as error:
+            return to_response(error_reply(error))
+        return JsonResponse(state)
+
+    return router
