@@ -10,7 +10,10 @@ Rules of this file:
   payloads, progress, snapshots or candidates, whatever else a view might carry;
 - the operator's token stays in server memory to call the host's operator views as that operator, which
   re-check it on every request: a revoked operator loses the console at once;
-- messages are fixed text or wire codes, never an input value.
+- messages are fixed text or wire codes, never an input value;
+- the list holds every operation the process knows: the host registry's, and the connector's own (admitted
+  on `POST /v1/directives`) read through `ConnectorOperations`; pages of running work refresh themselves
+  with `<meta http-equiv="refresh">` (no script: the CSP allows none), re-reading durable metadata only.
 """
 
 from __future__ import annotations
@@ -27,11 +30,13 @@ from urllib.parse import parse_qs, quote
 
 from fastapi import APIRouter, Request
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
+from markupsafe import Markup, escape
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from connector.core.authority import Principal
 from connector.errors import HTTP_STATUS_BY_CODE, SensoriumError
 from connector.service.connector import wall_clock
+from connector.service.operations import AdapterClaim, ConnectorOperations
 from connector.service.replies import Reply
 
 SESSION_COOKIE: Final = "sensorium_console"
@@ -39,6 +44,10 @@ SIGN_IN_COOKIE: Final = "sensorium_console_sign_in"
 COOKIE_PATH: Final = "/admin"
 SIGN_IN_PATH: Final = "/admin/sign-in"
 LIST_PATH: Final = "/admin/deferred-operations"
+ADAPTERS_PATH: Final = "/admin/adapters"
+# Seconds between self-refreshes of pages that show running work or a cleanup still in doubt.
+LIST_REFRESH_SECONDS: Final = 5
+DETAIL_REFRESH_SECONDS: Final = 2
 IDLE_TIMEOUT: Final = timedelta(hours=8)
 ABSOLUTE_TIMEOUT: Final = timedelta(hours=24)
 SIGN_IN_NONCE_SECONDS: Final = 900
@@ -215,6 +224,18 @@ class OperationView:
     outcome: str
     disclosed_count: int | None
     correlation_id: str
+    action: str = ""
+    transport: str = "-"
+    window: str = "-"
+    adapter: str = "-"
+    route: str = "host"
+    cleanup_state: str = ""
+    in_registry: bool = True
+
+    @property
+    def live(self) -> bool:
+        """True while the page should refresh: running work, or a cleanup not yet confirmed."""
+        return not self.terminal or self.cleanup_state in ("pending", "uncertain")
 
 
 @dataclass(frozen=True, slots=True)
@@ -286,9 +307,40 @@ def _cancelability(record: Mapping[str, Any]) -> tuple[bool, str]:
     return False, f"no: {reason}" if reason else "no"
 
 
+def _scope_facts(metadata: Mapping[str, Any]) -> tuple[str, str, str]:
+    """Transport, window and adapter of a discovery's redacted scope (commands have none)."""
+    scope = metadata.get("scope")
+    if not isinstance(scope, Mapping):
+        return "-", "-", "-"
+    window = scope.get("window_seconds")
+    window_text = f"{window} s" if isinstance(window, int) and not isinstance(window, bool) else "-"
+    return _text(scope.get("transport")) or "-", window_text, _text(scope.get("adapter")) or "default"
+
+
+def connector_record(metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """A connector-only operation's durable metadata in the shape of a host operator view."""
+    return {
+        "operation/id": metadata.get("operation/id"),
+        "operation/kind": metadata.get("operation/kind"),
+        "capability_id": metadata.get("action_id"),
+        "owner": metadata.get("owner"),
+        "status": metadata.get("status"),
+        "created_at": metadata.get("created_at"),
+        "updated_at": metadata.get("updated_at"),
+        "expires_at": metadata.get("expires_at"),
+        "cancelable": False,
+        "cancel/unavailable-reason": "admitted on the connector route: only its caller can cancel it",
+        "metadata": dict(metadata),
+        "route": "connector",
+    }
+
+
 def operation_view(record: Mapping[str, Any]) -> OperationView:
     """The fields a console page shows of an operator view document, and nothing else."""
     metadata = _mapping(record.get("metadata"))
+    transport, window, adapter = _scope_facts(metadata)
+    cleanup_state = _text(_mapping(metadata.get("cleanup")).get("state"))
+    route = "connector" if record.get("route") == "connector" else "Bus" if record.get("bus_op") else "host"
     cancellation = _mapping(metadata.get("cancellation"))
     status = _text(record.get("status"))
     status_text, status_class = _status_text(status, cancellation)
@@ -320,6 +372,13 @@ def operation_view(record: Mapping[str, Any]) -> OperationView:
         outcome=_outcome_text(record, metadata),
         disclosed_count=disclosed if isinstance(disclosed, int) and not isinstance(disclosed, bool) else None,
         correlation_id=_text(record.get("correlation/id")),
+        action=_text(record.get("capability_id")),
+        transport=transport,
+        window=window,
+        adapter=adapter,
+        route=route,
+        cleanup_state=cleanup_state,
+        in_registry=route != "connector",
     )
 
 
@@ -337,15 +396,54 @@ def history_views(events: Any) -> list[HistoryView]:
 # ---- HTTP -------------------------------------------------------------------------------------------------
 
 
+def breakable(value: Any) -> Markup:
+    """An id or code that may wrap only after its `:` separators (never inside a token), escaped."""
+    return Markup(":<wbr>").join(escape(part) for part in str(value).split(":"))
+
+
 def _environment() -> Environment:
     """Jinja2 over the package's templates, autoescaping everything, failing on undefined names."""
-    return Environment(
+    environment = Environment(
         loader=PackageLoader("connector.api", "templates"),
         autoescape=select_autoescape(default=True, default_for_string=True),
         undefined=StrictUndefined,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+    environment.filters["breakable"] = breakable
+    return environment
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterView:
+    """One (transport, adapter) claim row of `/admin/adapters`."""
+
+    transport: str
+    adapter: str
+    state: str
+    text: str
+    uncertain: tuple[tuple[str, str, str, str], ...]  # (operation id, href, since, next retry)
+
+
+def _ms_text(value: int | None) -> str:
+    from connector.core.candidates import format_ms
+
+    return "-" if value is None else format_ms(value)
+
+
+def adapter_view(claim: AdapterClaim) -> AdapterView:
+    """What the adapters page says of one claim."""
+    if claim.uncertain:
+        text = f"held by {len(claim.uncertain)} uncertain cleanup(s)"
+    elif claim.sessions:
+        text = f"in use by {claim.sessions} session(s)"
+    else:
+        text = "free"
+    rows = tuple(
+        (u.operation_id, operation_href(u.operation_id), _ms_text(u.since_ms), _ms_text(u.next_retry_ms))
+        for u in claim.uncertain
+    )
+    return AdapterView(claim.transport, claim.adapter, claim.state.replace(" ", "-"), text, rows)
 
 
 @dataclass(frozen=True, slots=True)
@@ -365,8 +463,10 @@ class _Console:
         authenticate: Callable[[str | None], Principal],
         clock: Callable[[], datetime],
         sessions: ConsoleSessions,
+        operations: ConnectorOperations | None = None,
     ) -> None:
         self.host = host
+        self.operations = operations
         self.authenticate = authenticate
         self.clock = clock
         self.sessions = sessions
@@ -379,6 +479,7 @@ class _Console:
         context.setdefault("operator", None)
         context.setdefault("csrf_token", "")
         context.setdefault("notice", None)
+        context.setdefault("refresh_seconds", None)
         body = self.templates.get_template(f"console/{name}").render(**context)
         return HTMLResponse(body, status_code=status_code, headers=dict(SECURITY_HEADERS))
 
@@ -496,18 +597,55 @@ class _Console:
         operations = (
             [operation_view(r) for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
         )
+        operations += await self._connector_only({op.operation_id for op in operations}, status)
+        operations.sort(key=lambda op: (op.updated_at, op.operation_id), reverse=True)
+        live = any(op.live for op in operations)
         return self.page(
-            "list.html", ctx, operations=operations, statuses=STATUSES, selected_status=status or ""
+            "list.html",
+            ctx,
+            operations=operations,
+            statuses=STATUSES,
+            selected_status=status or "",
+            refresh_seconds=LIST_REFRESH_SECONDS if live else None,
+        )
+
+    async def _connector_only(self, known: set[str], status: str | None) -> list[OperationView]:
+        """The connector's own operations the host registry does not hold (connector routes)."""
+        if self.operations is None:
+            return []
+        views = [operation_view(connector_record(m)) for m in await self.operations.operations()]
+        return [v for v in views if v.operation_id not in known and status in (None, v.status)]
+
+    async def adapters_page(self, ctx: _Context) -> Response:
+        """GET `/admin/adapters`: each (transport, adapter) claim (operators only)."""
+        try:
+            authority_check = self.authenticate(ctx.session.token)
+        except SensoriumError:
+            return self.signed_out(ctx.cookie)
+        if authority_check.role != "operator" or authority_check.revoked:
+            return self.signed_out(ctx.cookie)
+        claims = [] if self.operations is None else [adapter_view(c) for c in self.operations.claims()]
+        busy = any(c.state != "free" for c in claims)
+        return self.page(
+            "adapters.html", ctx, claims=claims, refresh_seconds=LIST_REFRESH_SECONDS if busy else None
         )
 
     async def detail_page(self, ctx: _Context, op_id: str) -> Response:
         """GET one operation's durable view and history digests."""
         reply = await self.host.operator_detail(ctx.session.token, op_id)
+        if reply.status_code == 404 and self.operations is not None:
+            metadata = await self.operations.operation(op_id)
+            if metadata is not None:
+                return self._detail(ctx, operation_view(connector_record(metadata)), [])
         if reply.status_code != 200:
             return self.refused(reply, ctx)
         body = _mapping(reply.body)
         view = operation_view(_mapping(body.get("operation")))
-        return self.page("detail.html", ctx, op=view, history=history_views(body.get("history")))
+        return self._detail(ctx, view, history_views(body.get("history")))
+
+    def _detail(self, ctx: _Context, view: OperationView, history: list[HistoryView]) -> Response:
+        refresh = DETAIL_REFRESH_SECONDS if view.live else None
+        return self.page("detail.html", ctx, op=view, history=history, refresh_seconds=refresh)
 
     async def act(self, request: Request, op_id: str, action: str) -> Response:
         """POST poll-now or cancel, then back to the detail page with what the host answered."""
@@ -580,9 +718,10 @@ def console_router(
     authenticate: Callable[[str | None], Principal],
     clock: Callable[[], datetime] = wall_clock,
     sessions: ConsoleSessions | None = None,
+    operations: ConnectorOperations | None = None,
 ) -> APIRouter:
     """The HTML operator console under `/admin/`."""
-    console = _Console(host, authenticate, clock, sessions or ConsoleSessions())
+    console = _Console(host, authenticate, clock, sessions or ConsoleSessions(), operations)
     router = APIRouter(include_in_schema=False)
     css = (_STATIC / "console.css").read_bytes()
 
@@ -614,10 +753,16 @@ def console_router(
         return ctx if isinstance(ctx, Response) else console.sign_out(ctx)
 
     @router.get(LIST_PATH)
-    async def operations(request: Request) -> Response:
+    async def operation_list(request: Request) -> Response:
         """The list with a status filter."""
         ctx = console.context(request)
         return await console.list_page(request, ctx) if ctx else console.signed_out()
+
+    @router.get(ADAPTERS_PATH)
+    async def adapters(request: Request) -> Response:
+        """Each (transport, adapter) claim: free, in use, or held by an uncertain cleanup."""
+        ctx = console.context(request)
+        return await console.adapters_page(ctx) if ctx else console.signed_out()
 
     @router.get(LIST_PATH + "/{op_id}")
     async def operation(request: Request, op_id: str) -> Response:

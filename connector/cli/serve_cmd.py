@@ -22,6 +22,7 @@ from connector.cli.main import EXIT_OK, EXIT_USAGE, DefaultsHelp, usage_error
 from connector.errors import CatalogError
 from connector.host.routes import host_router
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
+from connector.service.operations import LiveConnectorOperations
 from connector.telemetry.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
 from providers.simulated import parse_simulate
 
@@ -192,10 +193,27 @@ async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
 
 def extra_routers(assembled: Assembled) -> list[Any]:
     """Routers the reference host and console add."""
+    operations = LiveConnectorOperations(
+        assembled.discovery, assembled.state, known_adapters=known_adapters(assembled)
+    )
     return [
         host_router(assembled.host),
-        console_router(assembled.host, authenticate=assembled.service.authenticate),
+        console_router(
+            assembled.host, authenticate=assembled.service.authenticate, operations=operations
+        ),
     ]
+
+
+def known_adapters(assembled: Assembled) -> dict[str, str]:
+    """The adapter each scannable transport uses when a directive names none (listed even while free)."""
+    from connector.runtime.claims import DEFAULT_ADAPTER
+
+    transports: set[str] = set()
+    for action in assembled.catalog.actions.values():
+        if action.action_class == "discovery":
+            transports.update(assembled.catalog.discovery_profile(action.action_id).transports)
+    defaults = {"ble": assembled.config.ble_adapter or DEFAULT_ADAPTER}
+    return {transport: defaults.get(transport, DEFAULT_ADAPTER) for transport in sorted(transports)}
 
 
 __all__ = ["EXIT_OK", "EXIT_USAGE", "register", "run"]

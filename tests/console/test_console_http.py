@@ -292,12 +292,12 @@ async def test_the_list_shows_operations_and_filters_by_status(tmp_path: Path) -
         await signed_in(console)
         page = await console.client.get(LIST)
         assert page.status_code == 200
-        assert op_id in page.text and "device.discovery.scan" in page.text and "caller-1" in page.text
+        assert op_id in page.text.replace("<wbr>", "") and "device.discovery.scan" in page.text and "caller-1" in page.text
         assert f'href="{LIST}/{op_id.replace(":", "%3A")}"' in page.text
         running = await console.client.get(LIST, params={"status": "running"})
-        assert op_id in running.text and 'value="running" selected' in running.text
+        assert op_id in running.text.replace("<wbr>", "") and 'value="running" selected' in running.text
         completed = await console.client.get(LIST, params={"status": "completed"})
-        assert op_id not in completed.text and 'id="no-operations"' in completed.text
+        assert op_id not in completed.text.replace("<wbr>", "") and 'id="no-operations"' in completed.text
         bogus = await console.client.get(LIST, params={"status": "<script>CANARYstatus"})
         assert bogus.status_code == 400 and "CANARYstatus" not in bogus.text
 
@@ -391,7 +391,7 @@ async def test_cancel_goes_through_cancellation_requested_to_cancelled(tmp_path:
             r'id="poll-now" disabled', page.text
         )
         cancelled = await console.client.get(LIST, params={"status": "cancelled"})
-        assert op_id in cancelled.text
+        assert op_id in cancelled.text.replace("<wbr>", "")
 
 
 async def test_cancelling_a_finished_operation_changes_nothing(tmp_path: Path) -> None:

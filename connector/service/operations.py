@@ -1,0 +1,123 @@
+"""A small read-only query interface over the connector's OWN operations, for the operator console.
+
+The console lists every operation the process knows (SPEC 11): the host registry's, and those admitted on
+the connector routes (`POST /v1/directives`) that the host never recorded. This module answers the second
+part with durable metadata only (SPEC 7): the discovery runtime's durable projection and the command rows'
+status without `result`. It is a Protocol plus one implementation over today's in-memory runtime and the
+command store, so that it can be switched to durable connector records without touching the console.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from connector.host.documents import command_metadata
+from connector.runtime.commands import status_document
+from connector.runtime.manager import DiscoveryManager, UnknownOperation
+from connector.storage.state import CommandOperation, ConnectorState, format_time
+
+
+@dataclass(frozen=True, slots=True)
+class UncertainCleanup:
+    """One ended session whose stop is not confirmed: it holds its adapter's claim."""
+
+    operation_id: str
+    since_ms: int | None
+    next_retry_ms: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class AdapterClaim:
+    """One (transport, adapter) claim as the operator sees it."""
+
+    transport: str
+    adapter: str
+    sessions: int
+    uncertain: tuple[UncertainCleanup, ...]
+
+    @property
+    def state(self) -> str:
+        """`held` (an uncertain cleanup blocks it), `in use` or `free`."""
+        if self.uncertain:
+            return "held"
+        return "in use" if self.sessions else "free"
+
+
+class ConnectorOperations(Protocol):
+    """Durable metadata of the connector's own operations, and its adapter claims."""
+
+    async def operations(self) -> list[dict[str, Any]]:
+        """Every operation the connector retains, as durable metadata."""
+
+    async def operation(self, operation_id: str) -> dict[str, Any] | None:
+        """One operation's durable metadata, or None."""
+
+    def claims(self) -> list[AdapterClaim]:
+        """Each (transport, adapter) claim the runtime knows, free ones included."""
+
+
+class LiveConnectorOperations:
+    """`ConnectorOperations` over the discovery runtime (memory) and the command store (SQLite)."""
+
+    def __init__(
+        self,
+        discovery: DiscoveryManager,
+        state: ConnectorState,
+        *,
+        known_adapters: Mapping[str, str] | None = None,
+    ) -> None:
+        self._discovery = discovery
+        self._state = state
+        # The adapters every page lists even while free: transport -> adapter (the default's name).
+        self._known = dict(known_adapters or {})
+
+    async def operations(self) -> list[dict[str, Any]]:
+        """Discovery metadata first, then command rows; the console sorts and filters."""
+        found = []
+        for op_id in self._discovery.operation_ids():
+            try:
+                found.append(self._discovery.metadata(op_id))
+            except UnknownOperation:
+                continue  # forgotten between the two calls
+        for row in await self._state.list_operations():
+            found.append(_command_metadata(row))
+        return found
+
+    async def operation(self, operation_id: str) -> dict[str, Any] | None:
+        """Durable metadata of a discovery or a command, or None."""
+        try:
+            return self._discovery.metadata(operation_id)
+        except UnknownOperation:
+            pass
+        row = await self._state.get_operation(operation_id)
+        return None if row is None else _command_metadata(row)
+
+    def claims(self) -> list[AdapterClaim]:
+        """Sessions counted per (transport, adapter): live ones use it, uncertain cleanups hold it."""
+        sessions: dict[tuple[str, str], int] = {key: 0 for key in self._known.items()}
+        uncertain: dict[tuple[str, str], list[UncertainCleanup]] = {}
+        for handle in self._discovery.sessions():
+            key = (handle.transport, handle.adapter)
+            sessions.setdefault(key, 0)
+            if handle.cleanup_uncertain:
+                retry = self._discovery.next_cleanup_retry_ms(handle.operation_id)
+                uncertain.setdefault(key, []).append(
+                    UncertainCleanup(handle.operation_id, handle.terminal_at_ms, retry)
+                )
+            elif handle.claim_held:
+                sessions[key] += 1
+        return [
+            AdapterClaim(transport, adapter, count, tuple(uncertain.get((transport, adapter), ())))
+            for (transport, adapter), count in sorted(sessions.items())
+        ]
+
+
+def _command_metadata(row: CommandOperation) -> dict[str, Any]:
+    """A command row's durable metadata: its status without `result` or `causal/context`, plus owner,
+    action and creation time (no input, no output)."""
+    metadata = command_metadata(status_document(row))
+    metadata.pop("causal/context", None)
+    metadata.update(owner=row.owner, action_id=row.action_id, created_at=format_time(row.created_at))
+    return metadata
