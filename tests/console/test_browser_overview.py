@@ -1,4 +1,4 @@
-"""The console's overview pages in real Chromium, at desktop and phone (390 px) widths, against `serve --simulate`.
+"""The console's overview pages in real Chromium at desktop and phone (390 px) widths, on `serve --simulate`.
 
 Scans come in by every route (host, connector), one ends with an uncertain cleanup. The list must tell them
 apart (action, transport, window, adapter, status, outcome), pages of running work must refresh themselves,
@@ -139,7 +139,8 @@ def test_every_route_listed_self_refreshing_adapters_and_phone_layout(tmp_path: 
                 connector_only = page.locator("a", has_text="Operations")
                 assert connector_only.count() >= 1
                 page.goto(f"{connector.base_url}/admin/deferred-operations/{mdns_op.replace(':', '%3A')}")
-                assert page.inner_text("#route") == "connector" and page.locator("#connector-only").count() == 1
+                assert page.inner_text("#route") == "connector"
+                assert page.locator("#connector-only").count() == 1
                 assert page.inner_text("#window") == "40 s"
                 context.close()
             finally:
