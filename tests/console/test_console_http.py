@@ -292,7 +292,8 @@ async def test_the_list_shows_operations_and_filters_by_status(tmp_path: Path) -
         await signed_in(console)
         page = await console.client.get(LIST)
         assert page.status_code == 200
-        assert op_id in page.text.replace("<wbr>", "") and "device.discovery.scan" in page.text and "caller-1" in page.text
+        assert op_id in page.text.replace("<wbr>", "")
+        assert "device.discovery.scan" in page.text and "caller-1" in page.text
         assert f'href="{LIST}/{op_id.replace(":", "%3A")}"' in page.text
         running = await console.client.get(LIST, params={"status": "running"})
         assert op_id in running.text.replace("<wbr>", "") and 'value="running" selected' in running.text
