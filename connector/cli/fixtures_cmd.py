@@ -1,11 +1,11 @@
 """`sensorium-connector fixtures record`: record one session from a real adapter into an hw-fixtures file.
 
-The provider runs unfiltered for `--seconds`, and every observation becomes a line of the SPEC 13 format,
+The provider runs unfiltered for `--seconds`, and every observation becomes a line of the hw-fixtures format,
 with identities pseudonymised unless `--keep-identities`. mDNS has no "every service" browse: the recorder
 records the `--service-type` values given, or else first browses `_services._dns-sd._udp.local.` for
 `--types-seconds` to learn the types announced on the network and then records those.
 
-Exit codes (SPEC 12): 0 recorded; 1 the provider failed (no adapter, backend failure, a stop it did not
+Exit codes: 0 recorded; 1 the provider failed (no adapter, backend failure, a stop it did not
 acknowledge) or the file could not be written, with the error code on stderr; 2 usage error; 130 Ctrl-C
 aborted the recording and the provider's stop was confirmed (nothing is kept).
 """
@@ -27,6 +27,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from connector.cli.main import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, usage_error
+from connector.cli.scan_help import provider_hint
 from connector.core.observations import TRANSPORTS, Transport
 from connector.core.scope import DiscoveryProfile, normalise_service_type, parse_discovery_input
 from connector.errors import AdmissionError, ProviderError, ProviderUnavailable
@@ -48,7 +49,7 @@ from providers.registry import build_provider
 SERVICE_TYPE_ENUMERATION = "_services._dns-sd._udp.local."
 DEFAULT_TYPES_SECONDS = 3
 MAX_TYPES_SECONDS = 60
-# Validates `--service-type` and `--ble-adapter` with the very rules of a scan input.
+# Validates `--service-type` and `--adapter` with the very rules of a scan input.
 _INPUT_RULES = DiscoveryProfile(
     transports=TRANSPORTS,
     max_window_seconds=MAX_RECORDING_SECONDS,
@@ -79,7 +80,7 @@ def register(subparsers: Any) -> None:
     record.add_argument("-o", "--output", required=True, type=Path, metavar="FILE")
     record.add_argument("--keep-identities", action="store_true", help="do not pseudonymise (never share)")
     record.add_argument("--mdns-interfaces", type=_interfaces, metavar="IP[,IP...]")
-    record.add_argument("--ble-adapter", metavar="NAME")
+    record.add_argument("--adapter", metavar="NAME", help="BLE adapter, e.g. hci0 (BLE only)")
     record.add_argument("--service-type", action="append", default=[], metavar="TYPE", help="repeatable")
     record.add_argument("--types-seconds", type=_types_seconds, default=DEFAULT_TYPES_SECONDS, metavar="S")
     record.add_argument("--notes", default="", metavar="TEXT", help="what was recorded, for the header")
@@ -132,14 +133,14 @@ def run(args: argparse.Namespace) -> int:
     try:
         _check_flags(args)
         service_types = _given_service_types(args.service_type)
-        adapter = _given_adapter(args.ble_adapter)
+        adapter = _given_adapter(args.adapter)
         output = _output_target(args.output)
     except _Usage as reason:
         return usage_error(f"fixtures record: {reason}")
     try:
         provider = build_provider(args.transport, ble_adapter=adapter, mdns_interfaces=args.mdns_interfaces)
     except ProviderUnavailable as error:
-        return _provider_failed(error)
+        return _provider_failed(error, args.transport)
     bound_s = args.seconds + args.types_seconds + _BRIDGE_SLACK_S
     code: int = anyio.run(_bridge, args, provider, output, service_types, adapter, bound_s)
     return code
@@ -151,8 +152,8 @@ def _check_flags(args: argparse.Namespace) -> None:
         raise _Usage("--service-type applies to --transport mdns only")
     if args.mdns_interfaces is not None and args.transport != "mdns":
         raise _Usage("--mdns-interfaces applies to --transport mdns only")
-    if args.ble_adapter is not None and args.transport != "ble":
-        raise _Usage("--ble-adapter applies to --transport ble only")
+    if args.adapter is not None and args.transport != "ble":
+        raise _Usage("--adapter applies to --transport ble only (USB and mDNS have no adapter to choose)")
 
 
 def _input_rule(raw: dict[str, Any], flag: str) -> Any:
@@ -174,10 +175,10 @@ def _given_service_types(values: Sequence[str]) -> tuple[str, ...]:
 
 
 def _given_adapter(name: str | None) -> str | None:
-    """`--ble-adapter` checked against the adapter-name rule."""
+    """`--adapter` checked against the adapter-name rule."""
     if name is None:
         return None
-    scope = _input_rule({"transport": "ble", "window_seconds": 1, "adapter": name}, "--ble-adapter")
+    scope = _input_rule({"transport": "ble", "window_seconds": 1, "adapter": name}, "--adapter")
     return str(scope.adapter)
 
 
@@ -190,8 +191,10 @@ def _output_target(path: Path) -> FixtureFile:
     return FixtureFile(path)
 
 
-def _provider_failed(error: ProviderError) -> int:
+def _provider_failed(error: ProviderError, transport: str | None = None) -> int:
     print(f"sensorium-connector: fixtures record: {error.code}: {error.message}", file=sys.stderr)
+    if error.code == "provider-unavailable" and transport is not None:
+        print(provider_hint(transport), file=sys.stderr)
     return EXIT_FAILED
 
 
@@ -237,19 +240,19 @@ async def _bridge(
         async with anyio.create_task_group() as watchers:
             await watchers.start(_on_sigint, ctrl_c)
             with anyio.move_on_after(bound_s) as bound:
-                code = await _translated(work)
+                code = await _translated(work, args.transport)
             watchers.cancel_scope.cancel()
     finally:
         await _close(provider)
     return _failed("the recording did not end in time") if bound.cancelled_caught else code
 
 
-async def _translated(work: Callable[[], Awaitable[int]]) -> int:
+async def _translated(work: Callable[[], Awaitable[int]], transport: str) -> int:
     """Failures as exit code 1 with a one-line reason (the code for provider errors; never a value)."""
     try:
         return await work()
     except ProviderError as error:
-        return _provider_failed(error)
+        return _provider_failed(error, transport)
     except OSError:
         return _failed("cannot write the output file")
 
@@ -284,7 +287,7 @@ async def _learn_and_record(
     if ctrl_c.pressed:
         recorder.abort()
     result = await recorder.run(args.seconds, task_status=_Announce(args.seconds))
-    return _report(result, args.keep_identities)
+    return _report(result, args.keep_identities, transport)
 
 
 class _Announce:
@@ -320,12 +323,12 @@ def _header(transport: Transport, adapter: str | None, args: argparse.Namespace)
     )
 
 
-def _report(result: RecordingResult, kept_identities: bool) -> int:
+def _report(result: RecordingResult, kept_identities: bool, transport: str) -> int:
     """One line on stderr about the outcome, and the exit code."""
     prefix = "sensorium-connector: fixtures record"
     if result.outcome is RecordingOutcome.FAILED:
         assert result.error is not None
-        return _provider_failed(result.error)
+        return _provider_failed(result.error, transport)
     if result.outcome is RecordingOutcome.ABORTED:
         if not result.stop_confirmed:
             print(f"{prefix}: aborted, but the provider's stop was not confirmed", file=sys.stderr)

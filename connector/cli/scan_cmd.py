@@ -1,8 +1,8 @@
 """`sensorium-connector scan`: one bounded scan from the terminal, through the same runtime as `serve`.
 
-Exit codes (SPEC 12): 0 completed; 1 failed, timed-out or expired (also a Ctrl-C whose stop was not
-confirmed); 2 usage or input error, catalog refusal included, with a one-line reason on stderr; 130 a scan
-cancelled by Ctrl-C whose stop was confirmed.
+Exit codes: 0 completed; 1 failed, timed-out or expired (also a Ctrl-C whose stop was not confirmed);
+2 usage or input error, catalog refusal included, with a one-line reason on stderr; 130 a scan cancelled
+by Ctrl-C whose stop was confirmed.
 """
 
 from __future__ import annotations
@@ -13,9 +13,8 @@ import json
 import secrets
 import signal
 import sys
-import time
 import types
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from contextlib import nullcontext
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -24,13 +23,18 @@ from typing import TYPE_CHECKING, Any, NoReturn
 
 import anyio
 from anyio.abc import TaskStatus
-from rich.console import Console, Group
+from rich.console import Console
 from rich.live import Live
-from rich.progress_bar import ProgressBar
-from rich.table import Table
-from rich.text import Text
 
-from connector.cli.main import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, usage_error
+from connector.cli.live_view import (
+    SignalHistory,
+    candidate_table,
+    candidates_of,
+    render_live,
+    revision_of,
+)
+from connector.cli.main import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, DefaultsHelp, usage_error
+from connector.cli.scan_help import explain_refusal, filter_epilog, provider_hint
 from connector.core.observations import TRANSPORTS
 from connector.errors import AdmissionError, CatalogError, ProviderUnavailable, SensoriumError
 
@@ -66,25 +70,49 @@ class _Outcome:
 
     status: dict[str, Any] | None = None
     interrupted: bool = False
+    # The candidates of the last live table (memory only): what a Ctrl-C leaves on the screen.
+    last_candidates: list[dict[str, Any]] | None = None
+    history: SignalHistory | None = None
 
 
 def register(subparsers: Any) -> None:
     """Add the `scan` subcommand."""
-    parser = subparsers.add_parser("scan", help="one bounded discovery scan", description=__doc__)
+    parser = subparsers.add_parser(
+        "scan",
+        help="one bounded discovery scan",
+        description=__doc__,
+        epilog=filter_epilog(),
+        formatter_class=DefaultsHelp,
+    )
     parser.error = types.MethodType(_one_line_error, parser)
-    parser.add_argument("--transport", required=True, choices=TRANSPORTS)
+    parser.add_argument("--transport", required=True, choices=TRANSPORTS, help="what to scan")
     parser.add_argument("--window", required=True, type=int, metavar="S", help="window in seconds")
-    parser.add_argument("--filter", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--exclude", action="append", default=[], metavar="KEY=VALUE")
-    parser.add_argument("--max-candidates", type=int, metavar="N")
-    parser.add_argument("--adapter", metavar="NAME")
-    parser.add_argument("--replay", type=Path, metavar="FILE", help="play an hw-fixtures file instead")
-    parser.add_argument("--replay-speed", type=float, default=1.0, metavar="X")
+    parser.add_argument(
+        "--filter", action="append", default=[], metavar="KEY=VALUE", help="keep matching devices (below)"
+    )
+    parser.add_argument(
+        "--exclude", action="append", default=[], metavar="KEY=VALUE", help="drop matching devices"
+    )
+    parser.add_argument(
+        "--max-candidates", type=int, metavar="N", help="stop early after N devices (default: the catalog's)"
+    )
+    parser.add_argument(
+        "--adapter", metavar="NAME", help="BLE adapter, e.g. hci0 (default: the first powered adapter)"
+    )
+    parser.add_argument(
+        "--replay", type=Path, metavar="FILE", help="play an hw-fixtures file instead of real hardware"
+    )
+    parser.add_argument(
+        "--replay-speed", type=float, default=1.0, metavar="X", help="replay at X times recorded speed"
+    )
     parser.add_argument("--json", action="store_true", help="print only the final v2 status on stdout")
-    parser.add_argument("--catalog", type=Path, default=Path("catalog/actions.json"), metavar="PATH")
-    parser.add_argument("--trust", type=Path, default=Path("catalog/trust"), metavar="DIR")
+    parser.add_argument(
+        "--catalog", type=Path, default=Path("catalog/actions.json"), metavar="PATH", help="signed catalog"
+    )
+    parser.add_argument(
+        "--trust", type=Path, default=Path("catalog/trust"), metavar="DIR", help="trusted operator keys"
+    )
     parser.add_argument("--mdns-interfaces", type=_interfaces, metavar="IP[,IP...]")
-    parser.add_argument("--ble-adapter", metavar="NAME")
     parser.set_defaults(handler=run)
 
 
@@ -111,14 +139,20 @@ def run(args: argparse.Namespace) -> int:
     # Imported here so that other subcommands never pay for (or depend on) the runtime and providers.
     from providers.replay import FixtureError
 
+    problem = _flag_problem(args)
+    if problem is not None:
+        return usage_error(f"scan: {problem}")
     try:
         plan = _plan(args)
     except FixtureError as error:
-        return usage_error(f"scan: {error.message}")
+        return usage_error(f"scan: --replay {args.replay}: {error.message}")
     except ProviderUnavailable as error:
         print(f"sensorium-connector: scan: {error.code}: {error.message}", file=sys.stderr)
+        print(provider_hint(args.transport), file=sys.stderr)
         return EXIT_FAILED
-    except (AdmissionError, CatalogError) as error:
+    except AdmissionError as error:
+        return usage_error(f"scan: {_explained(error, args)}")
+    except CatalogError as error:
         return usage_error(f"scan: {_reason(error)}")
     bound_s = plan.scope.window_seconds + 2 * plan.profile.cleanup_timeout_ms / 1000.0 + _BRIDGE_SLACK_S
     try:
@@ -126,6 +160,38 @@ def run(args: argparse.Namespace) -> int:
     except TimeoutError:
         print("sensorium-connector: scan: the scan did not terminate in time", file=sys.stderr)
         return EXIT_FAILED
+
+
+def _flag_problem(args: argparse.Namespace) -> str | None:
+    """Flags that do not fit the transport, and a replay file that cannot be read (with the OS reason)."""
+    if args.adapter is not None and args.transport != "ble":
+        return "--adapter applies to --transport ble only (USB and mDNS have no adapter to choose)"
+    if args.replay is not None:
+        try:
+            with open(args.replay, "rb"):
+                pass
+        except OSError as error:
+            return f"--replay {args.replay}: {error.strerror or type(error).__name__}"
+    return None
+
+
+def _explained(error: AdmissionError, args: argparse.Namespace) -> str:
+    """An input refusal naming the flag, the key and what is allowed."""
+    profile = _profile_or_none(args)
+    return explain_refusal(
+        error, transport=args.transport, filters=args.filter, exclusions=args.exclude, profile=profile
+    )
+
+
+def _profile_or_none(args: argparse.Namespace) -> DiscoveryProfile | None:
+    from connector.catalog.loader import load_verified_catalog
+
+    try:
+        now = datetime.now(UTC)
+        catalog = load_verified_catalog(args.catalog, trust_dir=args.trust, data_dir=None, now=now)
+        return catalog.discovery_profile(SCAN_ACTION)
+    except SensoriumError:
+        return None
 
 
 def _reason(error: SensoriumError) -> str:
@@ -152,7 +218,7 @@ def _plan(args: argparse.Namespace) -> ScanPlan:
         scope.transport,
         replay=args.replay,
         replay_speed=args.replay_speed,
-        ble_adapter=args.ble_adapter or scope.adapter,
+        ble_adapter=scope.adapter,
         mdns_interfaces=args.mdns_interfaces,
     )
     preferred_ttl, retry_after = _deferred_profile(catalog)
@@ -212,7 +278,7 @@ async def _scan(plan: ScanPlan) -> _Outcome:
         console.print(
             f"scan: scanning {plan.scope.transport} for {plan.scope.window_seconds} s (Ctrl-C cancels)"
         )
-        outcome.status = await _follow(manager, handle.operation_id, plan.scope, now_ms, console)
+        outcome.status = await _follow(manager, handle.operation_id, plan.scope, now_ms, console, outcome)
         watchers.cancel_scope.cancel()
     return outcome
 
@@ -234,89 +300,44 @@ async def _cancel_on_sigint(
 
 
 async def _follow(
-    manager: DiscoveryManager, operation_id: str, scope: DiscoveryScope, started_ms: int, console: Console
+    manager: DiscoveryManager,
+    operation_id: str,
+    scope: DiscoveryScope,
+    started_ms: int,
+    console: Console,
+    outcome: _Outcome,
 ) -> dict[str, Any]:
-    """Follow the session to its terminal status, redrawing the live view on every change."""
+    """Follow the session to its terminal status, redrawing the live view on every change.
+
+    The live view is transient (it vanishes when the scan ends) and never taller than the terminal, so no
+    stale frame is left in the scrollback; the final table is printed once, afterwards.
+    """
     live = Live(console=console, refresh_per_second=8, transient=True) if console.is_terminal else None
+    history = outcome.history = SignalHistory()
     revision = 0
     with live if live is not None else nullcontext():
         while True:
             status = await manager.wait_for_change(operation_id, revision, _REDRAW_S)
-            revision = max(revision, _revision(status))
+            revision = max(revision, revision_of(status))
+            if "progress" in status:
+                history.record(revision_of(status), candidates_of(status))
+                outcome.last_candidates = candidates_of(status)
             if live is not None:
-                live.update(render_live(status, scope, started_ms))
+                live.update(render_live(status, scope, started_ms, history=history, height=console.height))
             if status["status"] not in ("pending", "running"):
                 return status
 
 
-def _revision(status: Mapping[str, Any]) -> int:
-    progress = status.get("progress")
-    return int(progress["revision"]) if progress else 0
-
-
-def _candidates(status: Mapping[str, Any]) -> list[dict[str, Any]]:
-    if "result" in status:
-        return list(status["result"].get("candidates", []))
-    progress = status.get("progress")
-    return list(progress["snapshot"]["candidates"]) if progress else []
-
-
-def render_live(status: Mapping[str, Any], scope: DiscoveryScope, started_ms: int) -> Group:
-    """The live view: a progress bar over the window and the current candidate table."""
-    window_ms = scope.window_seconds * 1000
-    elapsed = min(window_ms, max(0, time.time_ns() // 1_000_000 - started_ms))
-    candidates = _candidates(status)
-    line = Text(
-        f"{status['status']}  {elapsed / 1000:.1f}/{scope.window_seconds} s  "
-        f"{len(candidates)} candidate(s)  revision {_revision(status)}"
-    )
-    bar = ProgressBar(total=window_ms, completed=elapsed, width=60)
-    return Group(line, bar, candidate_table(candidates))
-
-
-def candidate_table(candidates: Sequence[Mapping[str, Any]]) -> Table:
-    """A table of candidates: label, what the transport says about the device, signal, last seen."""
-    table = Table(show_lines=False, expand=False)
-    for column in ("#", "label", "details", "rssi", "last seen"):
-        table.add_column(column, justify="right" if column in ("#", "rssi") else "left")
-    for index, candidate in enumerate(candidates, start=1):
-        rssi = candidate.get("signal", {}).get("rssi_dbm")
-        table.add_row(
-            str(index),
-            Text(candidate.get("label", "-")),
-            Text(_details(candidate)),
-            "" if rssi is None else str(rssi),
-            candidate["last_seen_at"][11:19],
-        )
-    return table
-
-
-def _details(candidate: Mapping[str, Any]) -> str:
-    """A short transport-specific description (never an address: candidates carry none)."""
-    if "usb" in candidate:
-        usb = candidate["usb"]
-        ids = f"{usb['vid']:04x}:{usb['pid']:04x}" if "vid" in usb and "pid" in usb else "no usb ids"
-        return " ".join(
-            str(part) for part in (ids, usb.get("manufacturer", ""), usb.get("product", "")) if part
-        )
-    if "mdns" in candidate:
-        return str(candidate["mdns"].get("service_type", ""))
-    ble = candidate.get("ble", {})
-    parts = [
-        uuid[4:8] if uuid.endswith("-0000-1000-8000-00805f9b34fb") else uuid
-        for uuid in ble.get("service_uuids", [])
-    ]
-    parts += [f"mfr 0x{company:04x}" for company in ble.get("manufacturer_ids", [])]
-    return ", ".join(parts)
-
-
 def _report(plan: ScanPlan, outcome: _Outcome) -> int:
-    """Print the terminal status (JSON alone, or a table and a summary) and choose the exit code."""
+    """Print the terminal status (JSON alone, or one final table and a summary) and choose the exit code."""
     status = outcome.status or {}
     if plan.json_output:
         print(json.dumps(status, indent=2, ensure_ascii=False))
     else:
-        _print_summary(status)
+        _print_summary(status, plan.scope.transport, outcome)
+    error = status.get("error") or {}
+    if error.get("code") == "provider-unavailable":
+        print(provider_hint(plan.scope.transport), file=sys.stderr)
     state = status.get("status")
     if state == "completed":
         return EXIT_OK
@@ -325,11 +346,17 @@ def _report(plan: ScanPlan, outcome: _Outcome) -> int:
     return EXIT_FAILED
 
 
-def _print_summary(status: Mapping[str, Any]) -> None:
+def _print_summary(status: Mapping[str, Any], transport: str, outcome: _Outcome) -> None:
+    """Exactly one table with every candidate (after Ctrl-C: the last one seen), then one summary line."""
     console = Console()
-    candidates = _candidates(status)
+    candidates = candidates_of(status)
+    note = None
+    if not candidates and outcome.interrupted and outcome.last_candidates:
+        candidates, note = outcome.last_candidates, "the last table before Ctrl-C (the scan was cancelled)"
     if candidates:
-        console.print(candidate_table(candidates))
+        console.print(candidate_table(candidates, transport, history=outcome.history))
+    if note is not None:
+        console.print(note, highlight=False)
     line = f"{status.get('status')}"
     if "result" in status:
         result = status["result"]

@@ -448,7 +448,12 @@ def _cli_value(key: str, text: str) -> object:
     """Convert one CLI value to its JSON form; None when malformed."""
     if key == "service_uuid":
         return expand_uuid(text)
-    if key in ("manufacturer_id", "min_rssi_dbm"):
+    if key == "manufacturer_id":
+        # Decimal (as SPEC 13 fixtures write company ids) or 0x hex (as the scan table prints them).
+        if re.fullmatch(r"0[xX][0-9a-fA-F]{1,4}", text):
+            return int(text, 16)
+        return _cli_int(text) if re.fullmatch(r"[0-9]+", text) else None
+    if key == "min_rssi_dbm":
         return _cli_int(text) if re.fullmatch(r"-?[0-9]+", text) else None
     if key == "vid_pid":
         return _cli_vid_pid(text)

@@ -56,6 +56,9 @@ def test_a_bad_transport_is_a_usage_error_that_does_not_echo_it(capsys: pytest.C
     assert stderr.count("\n") == 1 and "--transport" in stderr and CANARY not in stderr
 
 
+ADAPTER_BLE_ONLY = "--adapter applies to --transport ble only (USB and mDNS have no adapter to choose)"
+
+
 @pytest.mark.parametrize(
     ("extra", "flag"),
     [
@@ -79,10 +82,10 @@ def test_seconds_out_of_range_are_usage_errors(
     ("transport", "extra", "reason"),
     [
         ("ble", ["--service-type", "_http._tcp"], "--service-type applies to --transport mdns only"),
-        ("usb-serial", ["--ble-adapter", "hci0"], "--ble-adapter applies to --transport ble only"),
+        ("usb-serial", ["--adapter", "hci0"], ADAPTER_BLE_ONLY),
         ("ble", ["--mdns-interfaces", "127.0.0.1"], "--mdns-interfaces applies to --transport mdns only"),
         ("mdns", ["--service-type", f"_{CANARY}"], "--service-type: service-type"),
-        ("ble", ["--ble-adapter", f"{CANARY}/x"], "--ble-adapter: adapter-name"),
+        ("ble", ["--adapter", f"{CANARY}/x"], "--adapter: adapter-name"),
     ],
 )
 def test_flags_are_checked_before_any_provider_starts(
@@ -110,8 +113,9 @@ def test_no_ble_adapter_exits_1_with_the_code_and_writes_nothing(tmp_path: Path)
     with BluezEmulator():  # bluetoothd runs, but the private bus has no adapter
         code, stderr = finish(spawn_cli(record_args(tmp_path / "x.jsonl")))
     assert code == 1
-    last = stderr.strip().splitlines()[-1]
-    assert last.startswith("sensorium-connector: fixtures record: provider-unavailable:")
+    *_, reason, hint = stderr.strip().splitlines()
+    assert reason.startswith("sensorium-connector: fixtures record: provider-unavailable:")
+    assert hint.startswith("hint:") and "bluetoothctl show" in hint and "rfkill" in hint and "--replay" in hint
     assert "recording for" not in stderr
     assert list(tmp_path.iterdir()) == []
 
@@ -120,7 +124,7 @@ def test_a_recording_exits_0_and_leaves_a_private_pseudonymised_file(
     bluez: BluezController, tmp_path: Path
 ) -> None:
     target = tmp_path / "bench.jsonl"
-    child = spawn_cli(record_args(target, "--ble-adapter", "hci0", "--notes", "one strap on the bench"))
+    child = spawn_cli(record_args(target, "--adapter", "hci0", "--notes", "one strap on the bench"))
     assert first_line(child).startswith("fixtures record: recording for 2 s")
     bluez.add_device(DEVICE, name="strap", rssi=-60, service_uuids=[HEART_RATE])
     bluez.update(DEVICE, rssi=-55)
