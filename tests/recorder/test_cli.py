@@ -115,7 +115,8 @@ def test_no_ble_adapter_exits_1_with_the_code_and_writes_nothing(tmp_path: Path)
     assert code == 1
     *_, reason, hint = stderr.strip().splitlines()
     assert reason.startswith("sensorium-connector: fixtures record: provider-unavailable:")
-    assert hint.startswith("hint:") and "bluetoothctl show" in hint and "rfkill" in hint and "--replay" in hint
+    assert hint.startswith("hint:") and "bluetoothctl show" in hint
+    assert "rfkill" in hint and "--replay" in hint
     assert "recording for" not in stderr
     assert list(tmp_path.iterdir()) == []
 
