@@ -1,4 +1,4 @@
-"""`catalog keygen | sign | verify`: operator keys, detached signatures, and verification (SPEC 12)."""
+"""`catalog keygen | sign | verify`: operator keys, detached signatures, and verification."""
 
 from __future__ import annotations
 
@@ -9,7 +9,17 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from connector.catalog.keys import generate_key_pair, load_private_key
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+from connector.catalog.keys import (
+    PRIVATE_SUFFIX,
+    PUBLIC_SUFFIX,
+    RAW_KEY_BYTES,
+    b64url_decode,
+    generate_key_pair,
+    key_id_for,
+    load_private_key,
+)
 from connector.catalog.loader import MISSING, load_verified_catalog, read_json_document, signature_path_for
 from connector.catalog.signing import sign_catalog
 from connector.cli.main import EXIT_FAILED, EXIT_OK, usage_error
@@ -55,6 +65,9 @@ def run_sign(args: argparse.Namespace) -> int:
     for path in (catalog_path, args.key):
         if not path.is_file():
             return usage_error(f"{path} does not exist")
+    refusal = public_key_refusal(args.key)
+    if refusal is not None:
+        return usage_error(f"cannot sign: {refusal}")
     try:
         private_key = load_private_key(args.key)
         catalog_doc = read_json_document(catalog_path, missing_code=MISSING)
@@ -65,6 +78,26 @@ def run_sign(args: argparse.Namespace) -> int:
     signature_path.write_text(json.dumps(signature_doc, indent=2) + "\n", encoding="utf-8")
     print(f"signed with key {signature_doc['key/id']}: {signature_path}")
     return EXIT_OK
+
+
+def public_key_refusal(path: Path) -> str | None:
+    """Why `path` is the public half of a key pair (signing needs `<key/id>.key`), else None."""
+    if path.name.endswith(PUBLIC_SUFFIX):
+        return f"{path.name} is a public key; sign with the private key {path.stem}{PRIVATE_SUFFIX}"
+    try:
+        raw = b64url_decode(path.read_text(encoding="ascii").strip(), RAW_KEY_BYTES)
+    except (OSError, UnicodeDecodeError):
+        return None
+    if raw is None:
+        return None
+    # The same 32 bytes read as a public key whose id names the file: it is the public half, renamed.
+    try:
+        as_public = Ed25519PublicKey.from_public_bytes(raw)
+    except ValueError:
+        return None
+    if path.stem == key_id_for(as_public):
+        return f"{path.name} holds the public key {path.stem}; sign with its private key"
+    return None
 
 
 def run_verify(args: argparse.Namespace) -> int:

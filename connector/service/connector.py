@@ -551,7 +551,7 @@ class ConnectorService:
         try:
             authority.require_operator(self.authenticate(token))
             lost = self._revoke_now(principal_id, action_id)
-            return Reply(200, {"principal/id": principal_id, "revoked_actions": sorted(lost)})
+            return Reply(200, revocation_answer(principal_id, action_id, lost))
         except SensoriumError as error:
             return error_reply(error)
 
@@ -562,6 +562,21 @@ class ConnectorService:
             if error.code in ("unknown-principal", "unknown-grant"):
                 raise SensoriumError("no such principal or grant", code="not-found") from None
             raise
+
+
+def revocation_answer(principal_id: str, action_id: str | None, lost: frozenset[str]) -> dict[str, Any]:
+    """What a revocation did: the whole principal (its token stops working) or one grant; actions lost.
+
+    An operator holds no grants: `revoked_actions` alone would read `[]` for a principal that was revoked.
+    """
+    answer: dict[str, Any] = {
+        "principal/id": principal_id,
+        "revoked": "grant" if action_id is not None else "principal",
+        "revoked_actions": sorted(lost),
+    }
+    if action_id is not None:
+        answer["action_id"] = action_id
+    return answer
 
 
 def _check_directive(directive: Any) -> None:

@@ -74,7 +74,11 @@ def test_list_shows_no_secret(tmp_path: Path, capsys: pytest.CaptureFixture[str]
     ops = add(tmp_path, capsys, "--role", "operator", pid="ops")
     assert run(["principals", "list", "--data-dir", str(tmp_path)]) == 0
     out = capsys.readouterr().out
-    assert out.splitlines() == [f"alice\tcaller\tactive\t{SCAN}:ble", "ops\toperator\tactive\t-"]
+    assert out.splitlines() == [
+        "id\trole\tstate\tgrants",
+        f"alice\tcaller\tactive\t{SCAN}:ble",
+        "ops\toperator\tactive\t-",
+    ]
     for token in (alice, ops):
         assert token not in out and hash_token(token) not in out
 

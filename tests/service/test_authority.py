@@ -127,7 +127,12 @@ async def test_a_revoked_grant_closes_every_route(tmp_path: Path) -> None:
             f"/v1/admin/principals/alice/revoke?action_id={SCAN}", headers=h.auth("root")
         )
         assert revoked.status_code == 200
-        assert revoked.json() == {"principal/id": "alice", "revoked_actions": [SCAN]}
+        assert revoked.json() == {
+            "principal/id": "alice",
+            "revoked": "grant",
+            "action_id": SCAN,
+            "revoked_actions": [SCAN],
+        }
         for name in OPERATION_ROUTES:
             response = await routes[name](h.client, h.auth("alice"))
             assert_error(response, 404, "unknown-operation")
