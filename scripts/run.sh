@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The main job: set up .venv, then run the connector service (connector, reference host, poller, console)
 # on 127.0.0.1:8787 with its embedded SQLite state under .sensorium/. On the first run it creates a caller
-# and an operator principal and prints their bearer tokens once (only hashes are stored).
-# Extra arguments go to `sensorium-connector serve` (e.g. --replay ble=hw-fixtures/ble-heart-rate-lab.jsonl).
+# and an operator principal and prints their bearer tokens once (only hashes are stored); every run prints
+# what to try next. Extra arguments go to `sensorium-connector serve`, for example
+# `scripts/run.sh --replay ble=hw-fixtures/ble-heart-rate-lab.jsonl` for BLE devices without a radio.
+# SENSORIUM_DATA_DIR chooses another state directory (tests use it to stay out of .sensorium/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
-data_dir=.sensorium
+data_dir=${SENSORIUM_DATA_DIR:-.sensorium}
 mkdir -p "$data_dir"
 cli=.venv/bin/sensorium-connector
 if [ ! -f "$data_dir/principals.json" ]; then
@@ -15,6 +17,18 @@ if [ ! -f "$data_dir/principals.json" ]; then
   operator=$("$cli" principals add --data-dir "$data_dir" --id operator --role operator | tail -n 1)
   echo "caller token (principal 'bench'):     $caller"
   echo "operator token (principal 'operator'): $operator"
-  echo "console: http://127.0.0.1:8787/admin/deferred-operations"
+  echo "(shown only now: only their hashes are stored)"
+else
+  echo "tokens were printed on the first start only; mint a new one with:"
+  echo "  $cli principals add --data-dir $data_dir --id NAME --role caller --grant device.discovery.scan"
+  echo "  $cli principals add --data-dir $data_dir --id NAME --role operator"
 fi
+cat <<NEXT
+next steps (see README.md, "Usage"):
+  console:          http://127.0.0.1:8787/admin/deferred-operations  (sign in with the operator token)
+  adapters:         http://127.0.0.1:8787/admin/adapters
+  no radio here?    scripts/run.sh --replay ble=hw-fixtures/ble-heart-rate-lab.jsonl
+  terminal scan:    $cli scan --transport ble --window 5 --filter service_uuid=180d --replay hw-fixtures/ble-heart-rate-lab.jsonl
+  HTTP with curl:   admit, long poll, cancel and bind, as in README.md
+NEXT
 exec "$cli" serve --data-dir "$data_dir" "$@"
