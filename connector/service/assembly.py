@@ -221,7 +221,7 @@ def _simulation_routers(assembled: Assembled) -> list[APIRouter]:
 
 async def _record_shutdown(discovery: DiscoveryManager, host: HostService) -> None:
     """Stop every live session, then record each host operation's observed end in the registry."""
-    await discovery.aclose()
+    await discovery.stop_sessions()
     try:
         recorded = await host.record_observed_ends()
     except Exception as error:  # shutting down regardless; the next start marks what is left

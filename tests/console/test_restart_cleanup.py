@@ -1,0 +1,49 @@
+"""After a restart the console shows the cleanup state actually observed, not the last poll's `pending`.
+
+A graceful stop (SIGTERM) records each open operation's observed end before the registry closes; a kill -9
+leaves the row open and the next start marks it interrupted with the cleanup a restart proves (every claim
+of the old process ended with it).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from .conftest import HEART_RATE, BleCanaries, ble_fixture
+from .serve_process import add_test_principals, scan_directive, serving, start_host_scan, wait_host_status
+
+
+def _admin_view(server: object, token: str, op_id: str) -> dict[str, object]:
+    with server.client(token) as operator:  # type: ignore[attr-defined]
+        response = operator.get(f"/v1/admin/deferred-operations/{op_id}")
+        assert response.status_code == 200
+        operation: dict[str, object] = response.json()["operation"]
+        return operation
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("how", ["sigterm", "kill9"])
+def test_an_interrupted_scan_reports_its_observed_cleanup(tmp_path: Path, how: str) -> None:
+    data_dir = tmp_path / "data"
+    tokens = add_test_principals(data_dir)
+    fixture = ble_fixture(tmp_path / "ble.jsonl", BleCanaries.fresh())
+    with serving(data_dir, tmp_path / "logs", name="before", replays={"ble": fixture}) as server:
+        with server.client(tokens.caller) as caller:
+            op_id = start_host_scan(caller, scan_directive("ble", 60, {"service_uuids": [HEART_RATE]}))
+            assert wait_host_status(caller, op_id, ["running"])["status"] == "running"
+        time.sleep(1.5)  # let the poller record `running` with cleanup pending
+        assert _admin_view(server, tokens.operator, op_id)["status"] == "running"
+        if how == "kill9":
+            server.kill9()
+        else:
+            assert server.stop() == 0
+            assert "recorded the observed end of 1 operations" in server.stderr_path.read_text()
+    with serving(data_dir, tmp_path / "logs", name="after", replays={"ble": fixture}) as server:
+        view = _admin_view(server, tokens.operator, op_id)
+        metadata = view["metadata"]
+        assert isinstance(metadata, dict)
+        assert view["status"] == "failed" and metadata["error_code"] == "interrupted-by-restart"
+        assert metadata["cleanup"] == {"state": "confirmed", "claim": "released"}
