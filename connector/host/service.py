@@ -470,30 +470,6 @@ class HostService:
         await self.continuations.settle_pending()
         return self.interrupted
 
-    async def record_observed_ends(self) -> int:
-        """At shutdown, once the sessions stopped: record each open operation's observed end; the count.
-
-        Without this the registry would keep the last poll (`running`, cleanup pending) until the next start.
-        No listeners fire: flows waiting on these operations are settled at the next start, as after a crash.
-        """
-        recorded = 0
-        for record in await self._non_terminal():
-            observed = await self.port.observe(record.operation_id, kind_of(record))
-            if observed is None or not is_terminal(Status(observed.status)):
-                continue
-            await self.registry.record_status(
-                record.operation_id,
-                status=observed.status,
-                metadata=observed.metadata,
-                now=self.clock(),
-                retry_after_seconds=None,
-                next_poll_at=None,
-                last_error=documents.error_code_of(observed.metadata),
-                notify=False,
-            )
-            recorded += 1
-        return recorded
-
     async def _non_terminal(self) -> list[OperationRecord]:
         rows = []
         for status in (Status.PENDING, Status.RUNNING):

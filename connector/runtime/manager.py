@@ -99,16 +99,6 @@ class DiscoveryManager:
 
     async def aclose(self) -> None:
         """Stop every live session with a bounded, confirmed stop; then drop background retries and timers."""
-        await self.stop_sessions()
-        if self._task_group is not None:
-            self._task_group.cancel_scope.cancel()
-
-    async def stop_sessions(self) -> None:
-        """Refuse new scans, end every live session (`interrupted-by-restart`) and wait for their stops.
-
-        Unlike `aclose` it leaves the task group running, so a caller inside it (the composition root's
-        shutdown) is not cancelled with it and can record what the sessions observed.
-        """
         self._closing = True
         live = [s for s in self._sessions.values() if not s.finished.is_set()]
         for session in live:
@@ -119,6 +109,8 @@ class DiscoveryManager:
         with anyio.move_on_after(bound_ms / 1000.0, shield=True):
             for session in live:
                 await session.finished.wait()
+        if self._task_group is not None:
+            self._task_group.cancel_scope.cancel()
 
     # ---- starting ------------------------------------------------------------------------------------------
 

@@ -173,9 +173,6 @@ async def assemble(
         registry = await stack.enter_async_context(await DeferredRegistry.open(config.data_dir))
         host = _open_host(config, service, registry, metrics, clock)
         stack.callback(host.close)
-        # On exit, after the poller stopped and before the registry closes: stop the sessions (confirmed
-        # cleanup) and record what each one observed, so the registry never keeps a stale `running`.
-        stack.push_async_callback(_record_shutdown, discovery, host)
         ended = await host.recover(clock())
         if ended:
             _log.info("marked %d host operations ended by the restart", len(ended))
@@ -217,18 +214,6 @@ def _simulation_routers(assembled: Assembled) -> list[APIRouter]:
     from connector.api.sim_routes import sim_router
 
     return [sim_router(assembled.simulation, assembled.service.authenticate)]
-
-
-async def _record_shutdown(discovery: DiscoveryManager, host: HostService) -> None:
-    """Stop every live session, then record each host operation's observed end in the registry."""
-    await discovery.stop_sessions()
-    try:
-        recorded = await host.record_observed_ends()
-    except Exception as error:  # shutting down regardless; the next start marks what is left
-        _log.error("recording the observed ends failed with %s", type(error).__name__)
-        return
-    if recorded:
-        _log.info("recorded the observed end of %d operations stopped by the shutdown", recorded)
 
 
 def _register_session_gauge(metrics: CollectorRegistry, discovery: DiscoveryManager) -> None:

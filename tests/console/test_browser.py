@@ -36,7 +36,10 @@ CHROMIUM_ARGS = [
 ]
 SCREENSHOT = REPO / "test-artifacts" / "console.png"
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
+    pytest.mark.browser,
+]
 
 
 def wait_running_with_candidates(client: httpx.Client, op_id: str, timeout: float = 15.0) -> None:

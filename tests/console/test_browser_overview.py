@@ -25,7 +25,10 @@ HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 
-pytestmark = pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+pytestmark = [
+    pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
+    pytest.mark.browser,
+]
 
 
 def _host_scan(connector: MockConnector, window: int) -> str:

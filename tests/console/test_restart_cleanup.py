@@ -1,8 +1,8 @@
-"""After a restart the console shows the cleanup state actually observed, not the last poll's `pending`.
+"""After a restart the console shows the cleanup a restart proves, not the last poll's `pending, claim held`.
 
-A graceful stop (SIGTERM) records each open operation's observed end before the registry closes; a kill -9
-leaves the row open and the next start marks it interrupted with the cleanup a restart proves (every claim
-of the old process ended with it).
+Whether the old process stopped gracefully (SIGTERM: its sessions stopped with confirmed cleanup) or was
+killed (kill -9), the next start marks the open operation interrupted with cleanup confirmed and the claim
+released: every claim of the old process ended with it (SPEC 6.7), which is what the adapters page shows.
 """
 
 from __future__ import annotations
@@ -14,6 +14,8 @@ import pytest
 
 from .conftest import HEART_RATE, BleCanaries, ble_fixture
 from .serve_process import add_test_principals, scan_directive, serving, start_host_scan, wait_host_status
+
+pytestmark = pytest.mark.serve
 
 
 def _admin_view(server: object, token: str, op_id: str) -> dict[str, object]:
@@ -40,7 +42,6 @@ def test_an_interrupted_scan_reports_its_observed_cleanup(tmp_path: Path, how: s
             server.kill9()
         else:
             assert server.stop() == 0
-            assert "recorded the observed end of 1 operations" in server.stderr_path.read_text()
     with serving(data_dir, tmp_path / "logs", name="after", replays={"ble": fixture}) as server:
         view = _admin_view(server, tokens.operator, op_id)
         metadata = view["metadata"]

@@ -18,6 +18,8 @@ import pytest
 
 from connector.testing import MockConnector, start_connector
 
+pytestmark = pytest.mark.serve
+
 HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 BLE_FILTER = {"service_uuids": [HEART_RATE]}
 

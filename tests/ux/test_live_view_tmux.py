@@ -21,7 +21,10 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 TMUX = shutil.which("tmux")
 OFFICE = "hw-fixtures/ble-office-crowd.jsonl"
-pytestmark = pytest.mark.skipif(TMUX is None, reason="needs tmux (scripts/bootstrap.sh installs it)")
+pytestmark = [
+    pytest.mark.skipif(TMUX is None, reason="needs tmux (scripts/bootstrap.sh installs it)"),
+    pytest.mark.terminal,
+]
 
 
 class Pane:

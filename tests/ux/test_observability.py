@@ -18,6 +18,8 @@ import pytest
 
 from connector.telemetry.events import LifecycleEvent, format_text
 
+pytestmark = pytest.mark.serve
+
 HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 
 
