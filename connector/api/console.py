@@ -34,6 +34,8 @@ from markupsafe import Markup, escape
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from connector.core.authority import Principal
+from connector.core.candidates import format_ms
+from connector.core.scope import ALL_FILTER_KEYS
 from connector.errors import HTTP_STATUS_BY_CODE, SensoriumError
 from connector.service.connector import wall_clock
 from connector.service.operations import AdapterClaim, ConnectorOperations
@@ -231,6 +233,7 @@ class OperationView:
     route: str = "host"
     cleanup_state: str = ""
     in_registry: bool = True
+    scope: str = ""
 
     @property
     def live(self) -> bool:
@@ -317,6 +320,30 @@ def _scope_facts(metadata: Mapping[str, Any]) -> tuple[str, str, str]:
     return _text(scope.get("transport")) or "-", window_text, _text(scope.get("adapter")) or "default"
 
 
+def _scope_text(metadata: Mapping[str, Any]) -> str:
+    """Which filter keys a scan used (how many values; prefixes only by name), exclusions and limits."""
+    scope = metadata.get("scope")
+    if not isinstance(scope, Mapping):
+        return ""
+    filters = _mapping(scope.get("filters"))
+    parts = [
+        f"{key} ({len(value)} value{'s' if len(value) != 1 else ''})" if isinstance(value, list) else key
+        for key, value in filters.items()
+        if key in ALL_FILTER_KEYS
+    ]
+    redacted = scope.get("filters_redacted")
+    if isinstance(redacted, list):
+        parts += [f"{key} (value not kept)" for key in redacted if key in ALL_FILTER_KEYS]
+    text = "filters: " + (", ".join(parts) or "none")
+    exclusions = scope.get("exclusions")
+    if isinstance(exclusions, list) and exclusions:
+        text += "; excluding by " + ", ".join(key for key in exclusions if key in ALL_FILTER_KEYS)
+    limit = _mapping(scope.get("limits")).get("max_candidates")
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        text += f"; at most {limit} candidates"
+    return text
+
+
 def connector_record(metadata: Mapping[str, Any]) -> dict[str, Any]:
     """A connector-only operation's durable metadata in the shape of a host operator view."""
     return {
@@ -379,6 +406,7 @@ def operation_view(record: Mapping[str, Any]) -> OperationView:
         route=route,
         cleanup_state=cleanup_state,
         in_registry=route != "connector",
+        scope=_scope_text(metadata),
     )
 
 
@@ -426,8 +454,6 @@ class AdapterView:
 
 
 def _ms_text(value: int | None) -> str:
-    from connector.core.candidates import format_ms
-
     return "-" if value is None else format_ms(value)
 
 

@@ -27,7 +27,7 @@ def error_reply(error: SensoriumError) -> Reply:
     A code outside SPEC 14 is a bug of ours, never the caller's: it answers 500 `internal` without detail.
     """
     if error.code not in HTTP_STATUS_BY_CODE:
-        _log.error("refusal with a code outside SPEC 14 answered as internal: %s", error.code)
+        _log.error("refusal with a code outside the error-code table answered as internal: %s", error.code)
         error = SensoriumError("internal error", code="internal")
     headers = {}
     if error.retry_after_seconds is not None:

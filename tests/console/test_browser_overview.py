@@ -114,6 +114,7 @@ def test_every_route_listed_self_refreshing_adapters_and_phone_layout(tmp_path: 
                 page.goto(f"{connector.base_url}/admin/deferred-operations/{host_op.replace(':', '%3A')}")
                 assert page.inner_text("#status") == "running" and page.inner_text("#transport") == "ble"
                 assert page.inner_text("#route") == "host"
+                assert page.inner_text("#scope") == "filters: service_uuids (1 value); at most 64 candidates"
                 # No click, no script: the page refreshes itself until the window ends.
                 assert _status_becomes(page, "completed", timeout=30.0)
                 assert "Candidates delivered to the caller" in page.inner_text("#facts")

@@ -329,7 +329,7 @@ async def test_the_detail_shows_the_durable_fields_and_history_digests(tmp_path:
         assert f"{record.retry_after_seconds} s" in text
         assert record.expires_at.strftime("%Y-%m-%dT%H:%M:%S") in text
         assert '<dd id="cancelability">yes</dd>' in text
-        digests = re.findall(r'<td class="mono">([0-9a-f]{64})</td>', text)
+        digests = re.findall(r'<td class="mono digest">([0-9a-f]{64})</td>', text)
         history = await console.host.registry.history(op_id)
         assert digests and digests == [event.digest for event in history]
         assert (
@@ -443,7 +443,7 @@ async def test_no_page_shows_candidate_data(tmp_path: Path) -> None:
                 await anyio.sleep(0.05)
         pages.append((await console.client.get(detail_path(op_id))).text)
         pages.append((await console.client.get(LIST)).text)
-        assert all(op_id in page for page in pages[1:])
+        assert all(op_id in page.replace("<wbr>", "") for page in pages[1:])
         for page in pages:
             for text in forbidden_texts(console):
                 assert text not in page
