@@ -176,7 +176,8 @@ async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
     config.data_dir.mkdir(parents=True, exist_ok=True)
     async with assemble(config, routers=extra_routers) as assembled:
         host, port = listener.getsockname()[:2]
-        server = _Server(uvicorn.Config(assembled.app, log_level="warning", lifespan="off"))
+        # log_config=None: uvicorn's own records go through our handler (text or JSON Lines) like every other.
+        server = _Server(uvicorn.Config(assembled.app, log_level="warning", lifespan="off", log_config=None))
         _log.info(
             "serving on http://%s:%d (catalog %s v%d)",
             host,
