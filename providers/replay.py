@@ -294,6 +294,14 @@ _LINE_PARSERS: Mapping[str, Callable[[str], tuple[int, Observation]]] = {
 }
 
 
+def parse_observation_line(transport: Transport, line: str) -> tuple[int, Observation]:
+    """One observation line of `transport` by the fixture rules; `LineError` names the path and rule."""
+    return _LINE_PARSERS[transport](line)
+
+
+LineError = _LineError
+
+
 # ---- playing ---------------------------------------------------------------------------------------------
 
 

@@ -44,7 +44,7 @@ from connector.core.observations import (
 from connector.core.scope import DiscoveryScope
 from connector.errors import ProviderRestarted, ProviderUnavailable, SensoriumError, StopUnconfirmed
 from providers.base import ObservationSink, ProviderCapabilities
-from providers.replay import _LINE_PARSERS, _LineError, finish_task, scoped
+from providers.replay import LineError, finish_task, parse_observation_line, scoped
 
 StopMode = Literal["ack", "refuse", "stall"]
 STOP_MODES: Final[tuple[StopMode, ...]] = ("ack", "refuse", "stall")
@@ -111,8 +111,8 @@ def parse_device(transport: Transport, body: Any) -> tuple[Observation, int]:
             doc["event"] = "add"
     doc["t_ms"] = 0
     try:
-        _, observation = _LINE_PARSERS[transport](json.dumps(doc))
-    except _LineError as error:
+        _, observation = parse_observation_line(transport, json.dumps(doc))
+    except LineError as error:
         raise _refused("", str(error)) from None
     return observation, interval_ms
 

@@ -305,7 +305,7 @@ def test_cli_without_filters_leaves_the_refusal_to_parsing() -> None:
         ([f"{CANARY}=1"], "--filter/0: unknown-key"),
         (["service_uuid=18"], "--filter/0/service_uuid: value-form"),
         ([f"service_uuid={CANARY}"], "--filter/0/service_uuid: value-form"),
-        (["manufacturer_id=0x4c"], "--filter/0/manufacturer_id: value-form"),
+        (["manufacturer_id=0x1004c"], "--filter/0/manufacturer_id: value-form"),  # 0x hex: at most ffff
         (["vid_pid=0403-6001"], "--filter/0/vid_pid: value-form"),
         (["vid_pid=12345:1"], "--filter/0/vid_pid: value-form"),
         (["min_rssi_dbm=strong"], "--filter/0/min_rssi_dbm: value-form"),
