@@ -166,20 +166,24 @@ def confirmed_late(ending: Ending, stop: StopResult) -> Ending:
     return replace(ending, cleanup=CleanupState.CONFIRMED, diagnostics=diagnostics)
 
 
-def _node(value: str) -> str:
-    return value.replace("-", "_")
+def _cause_node(cause: EndCause) -> str:
+    return "cause_" + cause.value.replace("-", "_")
+
+
+def _status_node(status: Status) -> str:
+    return "status_" + status.value.replace("-", "_")
 
 
 def mermaid() -> str:
     """The endings sub-machine as a Mermaid flowchart, drawn from `OVERRIDES` and `conclude`."""
     lines = ["flowchart LR"]
     for cause in EndCause:
-        lines.append(f'    {_node(cause.value)}(["{cause.value}"])')
+        lines.append(f'    {_cause_node(cause)}(["{cause.value}"])')
     for status in sorted({conclude(c, None, s).status for c in EndCause for s in StopResult}):
-        lines.append(f'    {_node(status.value)}["{status.value}"]')
+        lines.append(f'    {_status_node(status)}["{status.value}"]')
     for new, replaced in OVERRIDES.items():
         for old in sorted(replaced):
-            lines.append(f"    {_node(old.value)} -. {new.value} replaces .-> {_node(new.value)}")
+            lines.append(f"    {_cause_node(old)} -. replaced by .-> {_cause_node(new)}")
     for cause in EndCause:
         code = "(code)" if cause in (EndCause.FAILURE, EndCause.TERMINATE) else None
         for stop in StopResult:
@@ -187,7 +191,7 @@ def mermaid() -> str:
             facts = [stop.value, f"cleanup {ending.cleanup.value}", f"claim {ending.claim.value}"]
             facts += [ending.error_code] if ending.error_code else []
             facts += list(ending.diagnostics)
-            lines.append(f'    {_node(cause.value)} -- "{", ".join(facts)}" --> {_node(ending.status.value)}')
+            lines.append(f'    {_cause_node(cause)} -- "{", ".join(facts)}" --> {_status_node(ending.status)}')
     return "\n".join(lines) + "\n"
 
 
