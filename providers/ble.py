@@ -73,6 +73,24 @@ class BusLink:
         self._bus: MessageBus | None = None
         self._lock = asyncio.Lock()
         self._gone: dict[str, asyncio.Event] = {}
+        self._users = 0
+
+    def hold(self) -> None:
+        """One more user (a session, an adapter lookup); the connection stays open while any holds it."""
+        self._users += 1
+
+    def drop(self) -> None:
+        """One user fewer; the last one closes the connection."""
+        self._users = max(0, self._users - 1)
+        if self._users == 0:
+            self.close()
+
+    def close(self) -> None:
+        """Disconnect now."""
+        bus, self._bus = self._bus, None
+        if bus is not None:
+            with contextlib.suppress(Exception):
+                bus.disconnect()
 
     async def bus(self) -> MessageBus:
         """Connected, reconnecting once the old connection died."""
@@ -139,7 +157,7 @@ def bus_link() -> BusLink:
     """The connector's link for this event loop and system bus (like bleak's one manager per loop)."""
     loop = asyncio.get_running_loop()
     for key in [k for k in _links if k[0].is_closed()]:
-        del _links[key]
+        _links.pop(key).close()
     key = (loop, os.environ.get("DBUS_SYSTEM_BUS_ADDRESS", ""))
     link = _links.get(key)
     if link is None:
@@ -169,6 +187,7 @@ class BleSession(BaseSession):
         self._stop_answer: asyncio.Future[str | None] | None = None
         self.unique_name: str | None = None
         self._exited = False
+        self._released = False
 
     @property
     def worker_pid(self) -> int | None:
@@ -178,6 +197,7 @@ class BleSession(BaseSession):
     async def open(self) -> None:
         """Spawn the worker and wait until it is discovering; on any failure nothing is left behind."""
         config = {"adapter_path": self._adapter_path, "filters": discovery_filters(self.scope), "scope": self.scope}
+        self._link.hold()
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -195,6 +215,7 @@ class BleSession(BaseSession):
                 await asyncio.shield(self._started)
         except BaseException:
             await self._kill()
+            self._forget()
             raise
         self.opened()
 
@@ -296,8 +317,12 @@ class BleSession(BaseSession):
                 await self._reader
 
     def _forget(self) -> None:
+        """The session is over: stop tracking its name and let go of the link (once)."""
         if self.unique_name is not None:
             self._link.forget(self.unique_name)
+        if not self._released:
+            self._released = True
+            self._link.drop()
 
 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:
@@ -328,11 +353,15 @@ class BleProvider:
         name = scope.adapter or self._adapter
         if name is not None:
             return name
+        link = self._link()
+        link.hold()
         try:
             async with asyncio.timeout(1.0):
-                return await self._link().default_adapter()
+                return await link.default_adapter()
         except (TimeoutError, OSError, DBusFastError, EOFError):
             return None
+        finally:
+            link.drop()
 
     async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> ProviderSession:
         """Start one discovery session on the scope's adapter (else ours, else the first powered one)."""

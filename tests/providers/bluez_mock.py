@@ -79,7 +79,8 @@ class BluezController:
         self._emulator = emulator
         self.adapter = adapter
         self._conn: Any = dbus.bus.BusConnection(emulator.address)
-        self._last_rssi: dict[str, int] = {}
+        # What each device advertised last: a real advertiser repeats its whole advert in every report.
+        self._adverts: dict[str, dict[str, Any]] = {}
 
     @property
     def address(self) -> str:
@@ -157,17 +158,26 @@ class BluezController:
         tx_power: int | None = None,
         adapter: str | None = None,
     ) -> bool:
-        """One advertising report; True when bluetoothd passed it on (discovering and wanted)."""
-        rssi = self._last_rssi.get(address, -60) if rssi is None else rssi
-        self._last_rssi[address] = rssi
-        adv = _advert(rssi, name, service_uuids, manufacturer_data, service_data, tx_power)
+        """One advertising report (the device's last advert, with the given fields changed); True when
+        bluetoothd passed it on (discovering and wanted)."""
+        last = self._adverts.get(address, {"rssi": -60, "uuids": []})
+        adv = dict(last)
+        adv.update(_advert(rssi if rssi is not None else last["rssi"], name, service_uuids, manufacturer_data, service_data, tx_power))
+        if service_uuids is None:
+            adv["uuids"] = last["uuids"]
+        self._adverts[address] = adv
         return bool(self.control("report", adapter=adapter or self.adapter, address=address, adv=adv))
+
+    def forget_advert(self, address: str) -> None:
+        """The device starts over (e.g. after it was removed): its next report is all that it sends."""
+        self._adverts.pop(address, None)
 
     update = advertise
 
     def burst_rssi(self, address: str, values: Sequence[int], adapter: str | None = None) -> None:
         """Reports back to back, one per RSSI value (one control call)."""
-        advs = [{"rssi": v, "uuids": []} for v in values]
+        last = self._adverts.get(address, {"rssi": -60, "uuids": []})
+        advs = [{**last, "rssi": v} for v in values]
         self.control("reports", adapter=adapter or self.adapter, address=address, advs=advs)
 
     def add_cached(
@@ -191,6 +201,7 @@ class BluezController:
 
     def remove(self, address: str, adapter: str | None = None) -> None:
         """The device goes away (Adapter1.RemoveDevice: InterfacesRemoved)."""
+        self.forget_advert(address)
         self.control("remove_device", path=device_path(adapter or self.adapter, address))
 
     def calls(self, method: str) -> list[list[Any]]:
@@ -295,7 +306,8 @@ class BluezEmulator:
         self._mock = subprocess.Popen(
             [sys.executable, str(EMULATOR), self.address],
             stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
+            # BLUEZ_EMU_STDERR=1 shows the emulator's tracebacks (debugging a test double's own bug).
+            stderr=None if os.environ.get("BLUEZ_EMU_STDERR") else subprocess.DEVNULL,
         )
         assert self._mock.stdout is not None
         line = self._mock.stdout.readline()
