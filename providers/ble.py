@@ -188,6 +188,7 @@ class BleSession(BaseSession):
         self.unique_name: str | None = None
         self._exited = False
         self._released = False
+        self._early_failure: ProviderError | None = None
 
     @property
     def worker_pid(self) -> int | None:
@@ -218,6 +219,8 @@ class BleSession(BaseSession):
             self._forget()
             raise
         self.opened()
+        if self._early_failure is not None:  # reported between "ready" and this point
+            self.fail(self._early_failure)
 
     async def _read(self) -> None:
         """Frames from the worker until it exits."""
@@ -253,7 +256,7 @@ class BleSession(BaseSession):
             if not self._started.done():
                 self._started.set_exception(_start_error(message[1], message[2]))
         elif kind == "gone":
-            self.fail(ProviderRestarted("the BLE adapter or bluetoothd went away during the session"))
+            self._failed(ProviderRestarted("the BLE adapter or bluetoothd went away during the session"))
         elif kind == "stopped" and self._stop_answer is not None:
             _resolve(self._stop_answer, message[1])
 
@@ -261,9 +264,15 @@ class BleSession(BaseSession):
         self._exited = True
         if not self._started.done():
             self._started.set_exception(ProviderError("the BLE worker exited while starting"))
-        self.fail(ProviderError("the BLE worker exited during the session"))
+        self._failed(ProviderError("the BLE worker exited during the session"))
         if self._stop_answer is not None:
             _resolve(self._stop_answer, "worker-exited")
+
+    def _failed(self, error: ProviderError) -> None:
+        if self.is_open:
+            self.fail(error)
+        elif self._started.done() and self._early_failure is None:
+            self._early_failure = error
 
     async def _stop_backend(self) -> str | None:
         """Ask the worker to stop bleak; None once BlueZ acknowledged."""

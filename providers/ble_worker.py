@@ -141,7 +141,7 @@ class Worker:
         self._out: asyncio.WriteTransport | None = None
         self._batch: list[tuple[Any, ...]] = []
         self._open = False
-        self._stopping = False
+        self._lost = False
         self._stop_calls = 0
         self._manager: Any = None
         self._scanner: Any = None
@@ -162,6 +162,8 @@ class Worker:
         else:
             self._open = True
             self.send(("ready",))
+            if self._lost:  # the adapter went away while discovery was starting
+                self._gone()
         await asyncio.Event().wait()  # until stdin closes (os._exit)
 
     async def _start(self) -> tuple[str, str] | None:
@@ -234,6 +236,7 @@ class Worker:
             self._gone()
 
     def _gone(self) -> None:
+        self._lost = True
         if self._open:
             self._open = False
             self.send(("gone",))
