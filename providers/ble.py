@@ -74,6 +74,8 @@ class BusLink:
         self._lock = asyncio.Lock()
         self._gone: dict[str, asyncio.Event] = {}
         self._users = 0
+        # The last default seen: a bluetoothd that does not answer now still had this one powered first.
+        self.last_default: str | None = None
 
     def hold(self) -> None:
         """One more user (a session, an adapter lookup); the connection stays open while any holds it."""
@@ -147,7 +149,8 @@ class BusLink:
             adapter = interfaces.get(ADAPTER_IFACE)
             if adapter is not None and adapter.get("Powered") is not None and adapter["Powered"].value:
                 powered.append(path.rsplit("/", 1)[1])
-        return min(powered) if powered else None
+        self.last_default = min(powered) if powered else None
+        return self.last_default
 
 
 _links: dict[tuple[asyncio.AbstractEventLoop, str], BusLink] = {}
@@ -368,7 +371,7 @@ class BleProvider:
             async with asyncio.timeout(1.0):
                 return await link.default_adapter()
         except (TimeoutError, OSError, DBusFastError, EOFError):
-            return None
+            return link.last_default
         finally:
             link.drop()
 
