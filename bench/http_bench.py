@@ -94,7 +94,7 @@ def write_fixture(path: Path, seconds: int = 60) -> None:
         "recorded_at": "2026-11-30T00:00:00Z",
         "adapter": "hci0",
         "versions": {"generator": "bench/http_bench.py", "format": 1},
-        "notes": "Synthesised for bench/http_bench.py: 64 heart-rate devices, an RSSI change of all per second.",
+        "notes": "Synthesised for bench/http_bench.py: 64 heart-rate devices, all RSSIs change every second.",
     }
     lines = [json.dumps(header)]
     for tick in range(seconds):

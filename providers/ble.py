@@ -47,7 +47,9 @@ _START_BOUND_S = 20.0
 # After an acknowledged stop the worker exits on EOF; one that lingers is killed.
 _EXIT_BOUND_S = 1.0
 # Errors the bus daemon answers itself when nobody owns org.bluez: no bluetoothd, so no sessions either.
-_NO_BLUETOOTHD = frozenset({"org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner"})
+_NO_BLUETOOTHD = frozenset(
+    {"org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner"}
+)
 
 
 def discovery_filters(scope: DiscoveryScope) -> dict[str, Any]:
@@ -58,12 +60,16 @@ def discovery_filters(scope: DiscoveryScope) -> dict[str, Any]:
         pushed["UUIDs"] = list(hint["service_uuids"])
     floor = hint.get("min_rssi_dbm")
     # An RSSI filter even without a floor: with one set, bluetoothd signals every report's RSSI.
-    pushed["RSSI"] = _RSSI_FILTER_MIN if floor is None else max(_RSSI_FILTER_MIN, min(floor, _RSSI_FILTER_MAX))
+    pushed["RSSI"] = (
+        _RSSI_FILTER_MIN if floor is None else max(_RSSI_FILTER_MIN, min(floor, _RSSI_FILTER_MAX))
+    )
     return pushed
 
 
 def _method(dest: str, path: str, iface: str, member: str, sig: str = "", *args: Any) -> Message:
-    return Message(destination=dest, path=path, interface=iface, member=member, signature=sig, body=list(args))
+    return Message(
+        destination=dest, path=path, interface=iface, member=member, signature=sig, body=list(args)
+    )
 
 
 class BusLink:
@@ -137,7 +143,9 @@ class BusLink:
             reply = await self._call(_method(BLUEZ, "/org/bluez", INTROSPECT_IFACE, "Introspect"))
         except (OSError, DBusFastError, EOFError):
             return False
-        return reply.message_type != MessageType.ERROR or reply.error_name not in ("org.freedesktop.DBus.Error.NoReply",)
+        return reply.message_type != MessageType.ERROR or reply.error_name not in (
+            "org.freedesktop.DBus.Error.NoReply",
+        )
 
     async def default_adapter(self) -> str | None:
         """The first powered adapter in name order (one GetManagedObjects), or None."""
@@ -180,7 +188,9 @@ def _start_error(code: str, rule: str) -> ProviderError:
 class BleSession(BaseSession):
     """One BLE session: its worker process, the pipe to it, and its stop."""
 
-    def __init__(self, scope: DiscoveryScope, sink: ObservationSink, adapter_path: str, link: BusLink) -> None:
+    def __init__(
+        self, scope: DiscoveryScope, sink: ObservationSink, adapter_path: str, link: BusLink
+    ) -> None:
         super().__init__(scope, sink)
         self._adapter_path = adapter_path
         self._link = link
@@ -200,7 +210,11 @@ class BleSession(BaseSession):
 
     async def open(self) -> None:
         """Spawn the worker and wait until it is discovering; on any failure nothing is left behind."""
-        config = {"adapter_path": self._adapter_path, "filters": discovery_filters(self.scope), "scope": self.scope}
+        config = {
+            "adapter_path": self._adapter_path,
+            "filters": discovery_filters(self.scope),
+            "scope": self.scope,
+        }
         self._link.hold()
         try:
             self._proc = await asyncio.create_subprocess_exec(

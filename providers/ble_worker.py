@@ -28,7 +28,7 @@ import pickle
 import signal
 import struct
 import sys
-from typing import Any
+from typing import Any, cast
 
 _LEN = struct.Struct(">I")
 STOP = b"S"
@@ -108,7 +108,7 @@ def _read_config() -> dict[str, Any]:
         if not chunk:
             os._exit(0)
         body += chunk
-    config: dict[str, Any] = pickle.loads(body)  # noqa: S301 - our own parent's pipe
+    config: dict[str, Any] = pickle.loads(body)
     return config
 
 
@@ -142,6 +142,7 @@ class Worker:
         self._batch: list[tuple[Any, ...]] = []
         self._open = False
         self._lost = False
+        self._tasks: set[asyncio.Future[None]] = set()
         self._stop_calls = 0
         self._manager: Any = None
         self._scanner: Any = None
@@ -194,10 +195,17 @@ class Worker:
         await bleak_manager.get_global_bluez_manager()
         bus = self._manager._bus
         self.send(("bus", bus.unique_name))
-        asyncio.ensure_future(self._watch_disconnect(bus))
+        self._tasks.add(asyncio.ensure_future(self._watch_disconnect(bus)))
         rule = f"type='signal',sender='{DBUS}',interface='{DBUS}',member='NameOwnerChanged',arg0='{BLUEZ}'"
         await bus.call(
-            Message(destination=DBUS, path="/org/freedesktop/DBus", interface=DBUS, member="AddMatch", signature="s", body=[rule])
+            Message(
+                destination=DBUS,
+                path="/org/freedesktop/DBus",
+                interface=DBUS,
+                member="AddMatch",
+                signature="s",
+                body=[rule],
+            )
         )
         get = Message(
             destination=BLUEZ,
@@ -213,7 +221,8 @@ class Worker:
         if not reply.body[0].value:
             return ("provider-unavailable", "powered-off")
         self._scanner = BleakScanner(
-            self._on_advert, bluez={"adapter": self._adapter_path.rsplit("/", 1)[1], "filters": self._filters}
+            self._on_advert,
+            bluez={"adapter": self._adapter_path.rsplit("/", 1)[1], "filters": cast(Any, self._filters)},
         )
         await self._scanner.start()
         return None
@@ -228,11 +237,12 @@ class Worker:
         member, body = message.member, message.body
         if member == "PropertiesChanged" and message.path == self._adapter_path:
             powered = body[1].get("Powered")
-            if powered is not None and not powered.value:
-                self._gone()
-        elif member == "InterfacesRemoved" and body[0] == self._adapter_path and ADAPTER_IFACE in body[1]:
-            self._gone()
-        elif member == "NameOwnerChanged" and body[0] == BLUEZ:
+            lost = powered is not None and not powered.value
+        elif member == "InterfacesRemoved":
+            lost = body[0] == self._adapter_path and ADAPTER_IFACE in body[1]
+        else:
+            lost = member == "NameOwnerChanged" and body[0] == BLUEZ
+        if lost:
             self._gone()
 
     def _gone(self) -> None:
@@ -258,7 +268,9 @@ class Worker:
     def _on_stop(self) -> None:
         self._open = False
         self._flush()
-        asyncio.ensure_future(self._stop())
+        task = asyncio.ensure_future(self._stop())
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _stop(self) -> None:
         """One stop attempt; answers ("stopped", None) when BlueZ acknowledged, else the refusing rule."""
@@ -289,7 +301,9 @@ class Worker:
 
         if bus is None or not bus.connected:
             return
-        stop = Message(destination=BLUEZ, path=self._adapter_path, interface=ADAPTER_IFACE, member="StopDiscovery")
+        stop = Message(
+            destination=BLUEZ, path=self._adapter_path, interface=ADAPTER_IFACE, member="StopDiscovery"
+        )
         reply = await bus.call(stop)
         if reply.message_type == MessageType.ERROR:
             raise BleakDBusError(reply.error_name or "", reply.body)
@@ -313,7 +327,7 @@ def _observation(address: str, adv: Any) -> Any:
 def _gated_manager(bleak_manager: Any, on_signal: Any) -> Any:
     """bleak's BlueZ manager, marking whether the message it parses is an advertisement report."""
 
-    class ReportGate(bleak_manager.BlueZManager):  # type: ignore[misc, name-defined]
+    class ReportGate(bleak_manager.BlueZManager):  # type: ignore[misc]
         report = False
 
         def _parse_msg(self, message: Any) -> None:

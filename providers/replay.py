@@ -341,7 +341,9 @@ async def finish_task(task: asyncio.Task[None]) -> None:
 class ReplaySession(BaseSession):
     """One replay session: a player task that stop() cancels and waits for."""
 
-    def __init__(self, scope: DiscoveryScope, sink: ObservationSink, timeline: Timeline, speed: float) -> None:
+    def __init__(
+        self, scope: DiscoveryScope, sink: ObservationSink, timeline: Timeline, speed: float
+    ) -> None:
         super().__init__(scope, sink)
         self.opened()
         self._task = asyncio.get_running_loop().create_task(play_timeline(timeline, speed, self.deliver))

@@ -94,11 +94,20 @@ def wins(new: EndCause, current: EndCause | None) -> bool:
 
 
 def due_cause(
-    now_ms: int, *, window_end_ms: int, cut_by_deadline: bool, timeout_at_ms: int | None, expires_at_ms: int | None
+    now_ms: int,
+    *,
+    window_end_ms: int,
+    cut_by_deadline: bool,
+    timeout_at_ms: int | None,
+    expires_at_ms: int | None,
 ) -> EndCause | None:
     """The earliest passed time-driven end (the window first on a tie), or None."""
     window = EndCause.DEADLINE if cut_by_deadline else EndCause.WINDOW
-    candidates = [(window_end_ms, 0, window), (timeout_at_ms, 1, EndCause.TIMEOUT), (expires_at_ms, 2, EndCause.EXPIRY)]
+    candidates = [
+        (window_end_ms, 0, window),
+        (timeout_at_ms, 1, EndCause.TIMEOUT),
+        (expires_at_ms, 2, EndCause.EXPIRY),
+    ]
     passed = [(at, rank, cause) for at, rank, cause in candidates if at is not None and now_ms >= at]
     return min(passed)[2] if passed else None
 
@@ -191,7 +200,9 @@ def mermaid() -> str:
             facts = [stop.value, f"cleanup {ending.cleanup.value}", f"claim {ending.claim.value}"]
             facts += [ending.error_code] if ending.error_code else []
             facts += list(ending.diagnostics)
-            lines.append(f'    {_cause_node(cause)} -- "{", ".join(facts)}" --> {_status_node(ending.status)}')
+            lines.append(
+                f'    {_cause_node(cause)} -- "{", ".join(facts)}" --> {_status_node(ending.status)}'
+            )
     return "\n".join(lines) + "\n"
 
 

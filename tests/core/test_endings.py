@@ -55,7 +55,9 @@ def test_first_cause_wins_except_cancel_and_terminate_which_never_replace_each_o
 def test_due_cause_is_the_earliest_passed_deadline(
     now: int, timeout_at: int | None, expires_at: int | None, expected: EndCause | None
 ) -> None:
-    got = due_cause(now, window_end_ms=1000, cut_by_deadline=False, timeout_at_ms=timeout_at, expires_at_ms=expires_at)
+    got = due_cause(
+        now, window_end_ms=1000, cut_by_deadline=False, timeout_at_ms=timeout_at, expires_at_ms=expires_at
+    )
     assert got is expected
     cut = due_cause(1000, window_end_ms=1000, cut_by_deadline=True, timeout_at_ms=None, expires_at_ms=None)
     assert cut is EndCause.DEADLINE
@@ -80,7 +82,11 @@ def test_completing_needs_a_confirmed_cleanup(cause: EndCause) -> None:
     ending = conclude(cause, None, StopResult.ACKNOWLEDGED)
     assert (ending.status, ending.reason, ending.keeps_result) == (Status.COMPLETED, cause.value, True)
     failed = conclude(cause, None, StopResult.UNCERTAIN)
-    assert (failed.status, failed.error_code, failed.keeps_result) == (Status.FAILED, "cleanup-unconfirmed", False)
+    assert (failed.status, failed.error_code, failed.keeps_result) == (
+        Status.FAILED,
+        "cleanup-unconfirmed",
+        False,
+    )
 
 
 def test_deadlines_keep_their_status_whatever_the_stop_gave() -> None:
@@ -91,14 +97,20 @@ def test_deadlines_keep_their_status_whatever_the_stop_gave() -> None:
 
 
 def test_failures_keep_their_code_only_with_a_confirmed_cleanup() -> None:
-    assert conclude(EndCause.FAILURE, "provider-restarted", StopResult.ACKNOWLEDGED).error_code == "provider-restarted"
+    assert (
+        conclude(EndCause.FAILURE, "provider-restarted", StopResult.ACKNOWLEDGED).error_code
+        == "provider-restarted"
+    )
     crashed = conclude(EndCause.FAILURE, "provider-failure", StopResult.PROVEN)
     assert (crashed.error_code, crashed.claim, crashed.diagnostics) == (
         "provider-failure",
         ClaimState.RELEASED,
         ("stop-by-disconnect",),
     )
-    assert conclude(EndCause.TERMINATE, "grant-revoked", StopResult.UNCERTAIN).error_code == "cleanup-unconfirmed"
+    assert (
+        conclude(EndCause.TERMINATE, "grant-revoked", StopResult.UNCERTAIN).error_code
+        == "cleanup-unconfirmed"
+    )
     assert conclude(EndCause.FAILURE, None, StopResult.ACKNOWLEDGED).error_code == "provider-failure"
 
 
@@ -106,7 +118,11 @@ def test_a_late_confirmation_moves_only_cleanup_and_claim() -> None:
     ending = conclude(EndCause.CANCEL, None, StopResult.UNCERTAIN)
     assert confirmed_late(ending, StopResult.UNCERTAIN) == ending
     late = confirmed_late(ending, StopResult.PROVEN)
-    assert (late.status, late.error_code, late.cancellation) == (ending.status, ending.error_code, ending.cancellation)
+    assert (late.status, late.error_code, late.cancellation) == (
+        ending.status,
+        ending.error_code,
+        ending.cancellation,
+    )
     assert late.cleanup is CleanupState.CONFIRMED and late.claim is ClaimState.RELEASED
     assert late.diagnostics == ("stop-by-disconnect",)
     assert confirmed_late(late, StopResult.PROVEN).diagnostics == ("stop-by-disconnect",)

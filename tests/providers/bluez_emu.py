@@ -216,7 +216,9 @@ class Emulator:
 
     def _changed(self, path: str, iface: str, changed: dict[str, Variant], invalidated: list[str]) -> None:
         if changed or invalidated:
-            signal_ = Message.new_signal(path, PROPS, "PropertiesChanged", "sa{sv}as", [iface, changed, invalidated])
+            signal_ = Message.new_signal(
+                path, PROPS, "PropertiesChanged", "sa{sv}as", [iface, changed, invalidated]
+            )
             self.bus.send(signal_)
 
     def _adapter_changed(self, adapter: Adapter, was_discovering: bool) -> None:
@@ -390,7 +392,13 @@ class Emulator:
         self.bus.send(Message.new_signal("/", OM, "InterfacesAdded", "oa{sa{sv}}", [path, {DEVICE: props}]))
 
     def _merge(
-        self, device: Device, adv: dict[str, Any], rssi: int, uuids: list[str], proximity: bool, duplicate: bool
+        self,
+        device: Device,
+        adv: dict[str, Any],
+        rssi: int,
+        uuids: list[str],
+        proximity: bool,
+        duplicate: bool,
     ) -> dict[str, Variant]:
         changed: dict[str, Variant] = {}
         # device.c `device_set_rssi_with_delta`
@@ -430,7 +438,9 @@ class Emulator:
     def c_add_adapter(self, name: str, powered: bool = True) -> str:
         adapter = self.adapters[name] = Adapter(name, powered)
         self.bus.send(
-            Message.new_signal("/", OM, "InterfacesAdded", "oa{sa{sv}}", [adapter.path, {ADAPTER: adapter.props()}])
+            Message.new_signal(
+                "/", OM, "InterfacesAdded", "oa{sa{sv}}", [adapter.path, {ADAPTER: adapter.props()}]
+            )
         )
         return adapter.path
 
@@ -453,7 +463,9 @@ class Emulator:
         """Emit `count` reports at `rate` per second, cycling over addresses and RSSI values (benchmarks)."""
         asyncio.get_running_loop().create_task(self._stream(adapter, addresses, count, rate, rssi))
 
-    async def _stream(self, adapter: str, addresses: list[str], count: int, rate: float, rssi: list[int]) -> None:
+    async def _stream(
+        self, adapter: str, addresses: list[str], count: int, rate: float, rssi: list[int]
+    ) -> None:
         loop = asyncio.get_running_loop()
         start = loop.time()
         for i in range(count):

@@ -90,7 +90,9 @@ class BluezController:
     def control(self, op: str, **args: Any) -> Any:
         """One control call into the emulator."""
         request = json.dumps({"op": op, **args})
-        answer = self._conn.call_blocking("org.bluez", CONTROL_PATH, CONTROL_IFACE, "Control", "s", (request,))
+        answer = self._conn.call_blocking(
+            "org.bluez", CONTROL_PATH, CONTROL_IFACE, "Control", "s", (request,)
+        )
         return json.loads(str(answer))
 
     def adapter_path(self, adapter: str | None = None) -> str:
@@ -162,7 +164,16 @@ class BluezController:
         bluetoothd passed it on (discovering and wanted)."""
         last = self._adverts.get(address, {"rssi": -60, "uuids": []})
         adv = dict(last)
-        adv.update(_advert(rssi if rssi is not None else last["rssi"], name, service_uuids, manufacturer_data, service_data, tx_power))
+        adv.update(
+            _advert(
+                rssi if rssi is not None else last["rssi"],
+                name,
+                service_uuids,
+                manufacturer_data,
+                service_data,
+                tx_power,
+            )
+        )
         if service_uuids is None:
             adv["uuids"] = last["uuids"]
         self._adverts[address] = adv
@@ -181,12 +192,21 @@ class BluezController:
         self.control("reports", adapter=adapter or self.adapter, address=address, advs=advs)
 
     def add_cached(
-        self, address: str, *, name: str | None = None, service_uuids: Sequence[str] = (), adapter: str | None = None
+        self,
+        address: str,
+        *,
+        name: str | None = None,
+        service_uuids: Sequence[str] = (),
+        adapter: str | None = None,
     ) -> str:
         """A device BlueZ knows from before (paired, or from an earlier scan): Device1 without RSSI."""
         return str(
             self.control(
-                "add_cached", adapter=adapter or self.adapter, address=address, name=name, uuids=list(service_uuids)
+                "add_cached",
+                adapter=adapter or self.adapter,
+                address=address,
+                name=name,
+                uuids=list(service_uuids),
             )
         )
 

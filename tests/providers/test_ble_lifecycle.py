@@ -168,7 +168,9 @@ async def test_a_stop_never_answered_is_proven_within_the_bound_and_the_session_
 
 
 @pytest.mark.asyncio
-async def test_a_wedged_bluetoothd_leaves_the_stop_unconfirmed_until_it_answers(bluez: BluezController) -> None:
+async def test_a_wedged_bluetoothd_leaves_the_stop_unconfirmed_until_it_answers(
+    bluez: BluezController,
+) -> None:
     session = await BleProvider().start(ble_scope(cleanup_timeout_ms=300), RecordingSink())
     assert isinstance(session, BleSession)
     bluez.wedge()

@@ -85,12 +85,18 @@ def test_capabilities_declare_pushed_down_filters_and_concurrent_sessions() -> N
             ble_scope(service_uuids=(HEART, ENV_SENSING)),
             {"DuplicateData": True, "UUIDs": [HEART, ENV_SENSING], "RSSI": -127},
         ),
-        (ble_scope(service_uuids=(HEART,), min_rssi_dbm=-70), {"DuplicateData": True, "UUIDs": [HEART], "RSSI": -70}),
+        (
+            ble_scope(service_uuids=(HEART,), min_rssi_dbm=-70),
+            {"DuplicateData": True, "UUIDs": [HEART], "RSSI": -70},
+        ),
         # BlueZ accepts -127..20: a higher floor is pushed as 20 (still a superset), a lower one as -127.
         (ble_scope(min_rssi_dbm=40), {"DuplicateData": True, "RSSI": 20}),
         (ble_scope(min_rssi_dbm=-128), {"DuplicateData": True, "RSSI": -127}),
         # Exclusions are never pushed down: BlueZ filters only select.
-        (ble_scope(name_prefix="x", exclusions=ScopeFilter(service_uuids=(HEART,))), {"DuplicateData": True, "RSSI": -127}),
+        (
+            ble_scope(name_prefix="x", exclusions=ScopeFilter(service_uuids=(HEART,))),
+            {"DuplicateData": True, "RSSI": -127},
+        ),
     ],
 )
 def test_discovery_filters_are_a_superset_of_the_scope(
@@ -167,7 +173,9 @@ async def test_a_steady_device_is_observed_at_every_report(bluez: BluezControlle
     sink = RecordingSink()
     session = await BleProvider().start(ble_scope(service_uuids=(HEART,)), sink)
     pushed = bluez.filters()
-    assert list(pushed.values()) == [{"Transport": "le", "DuplicateData": True, "UUIDs": [HEART], "RSSI": -127}]
+    assert list(pushed.values()) == [
+        {"Transport": "le", "DuplicateData": True, "UUIDs": [HEART], "RSSI": -127}
+    ]
     data = {APPLE: b"\x01\x02"}
     bluez.add_device(DEV_A, service_uuids=[HEART], rssi=-60, manufacturer_data=data)
     for _ in range(5):  # the same advert again and again: no 8 dB move, no data change

@@ -24,9 +24,9 @@ from bluez_mock import BluezController, bluez
 from connector.contract.validate import validate
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter
+from connector.errors import AdmissionError
 from connector.runtime.claims import claim_key
 from connector.runtime.manager import DiscoveryManager, wall_clock_ms
-from connector.errors import AdmissionError
 from providers.ble import BleProvider, BleSession
 
 __all__ = ["bluez"]  # the fixture, imported above
@@ -136,7 +136,9 @@ async def test_scan_sees_devices_added_during_it_and_cancel_is_confirmed_by_stop
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("fault", ["refused", "never-answered"])
-async def test_an_unacknowledged_stop_cancels_with_stop_by_disconnect(bluez: BluezController, fault: str) -> None:
+async def test_an_unacknowledged_stop_cancels_with_stop_by_disconnect(
+    bluez: BluezController, fault: str
+) -> None:
     async with new_manager() as manager:
         operation_id = await start_scan(manager)
         polls = await poll_until(manager, operation_id, lambda s: s["status"] == "running")
@@ -202,7 +204,9 @@ async def test_two_scans_on_one_adapter_run_as_two_bluez_clients(bluez: BluezCon
         bluez.add_device(STRAP, name="strap-1", service_uuids=[HEART])
         finals = []
         for operation_id in (named, default):
-            polls = await poll_until(manager, operation_id, lambda s: s["status"] not in ("pending", "running"))
+            polls = await poll_until(
+                manager, operation_id, lambda s: s["status"] not in ("pending", "running")
+            )
             finals.append(polls[-1])
             assert_valid(polls)
         for final in finals:
@@ -210,12 +214,16 @@ async def test_two_scans_on_one_adapter_run_as_two_bluez_clients(bluez: BluezCon
             assert [c["label"] for c in final["result"]["candidates"]] == ["strap-1"]
             assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert bluez.clients() == []
-        assert len(bluez.calls("StartDiscovery")) == 2 and all(row[0] in clients for row in bluez.calls("StartDiscovery"))
+        assert len(bluez.calls("StartDiscovery")) == 2 and all(
+            row[0] in clients for row in bluez.calls("StartDiscovery")
+        )
 
 
 @pytest.mark.asyncio
 async def test_a_steady_device_stays_present_for_three_ttls(bluez: BluezController) -> None:
-    profile = replace(PROFILE, candidate_ttl_seconds=2)  # times are whole seconds: 2 s is the shortest sure TTL
+    profile = replace(
+        PROFILE, candidate_ttl_seconds=2
+    )  # times are whole seconds: 2 s is the shortest sure TTL
     async with new_manager() as manager:
         operation_id = await start_scan(manager, window_ms=6_500, profile=profile)
         await poll_until(manager, operation_id, lambda s: s["status"] == "running")
@@ -224,7 +232,7 @@ async def test_a_steady_device_stays_present_for_three_ttls(bluez: BluezControll
         await poll_until(manager, operation_id, lambda s: snapshot_labels(s) == ["strap-1"])
         polls: list[dict[str, Any]] = []
         while True:
-            # The same advert at the same strength: bluetoothd signals it only because we asked for every report.
+            # The same advert at the same strength: signalled only because the session asked for every report.
             bluez.advertise(STRAP, rssi=-61, manufacturer_data=data)
             polls.append(manager.status(operation_id))
             if polls[-1]["status"] != "running":
@@ -246,7 +254,7 @@ async def test_a_worker_crash_fails_its_session_only_and_releases_the_claim_afte
         for operation_id in (doomed, healthy):
             await poll_until(manager, operation_id, lambda s: s["status"] == "running")
         assert len(bluez.clients()) == 2
-        session = manager._sessions[doomed]._provider_session  # noqa: SLF001 - the test kills its worker
+        session = manager._sessions[doomed]._provider_session
         assert isinstance(session, BleSession) and session.worker_pid is not None
         os.kill(session.worker_pid, signal.SIGKILL)
         polls = await poll_until(manager, doomed, lambda s: s["status"] not in ("pending", "running"))
