@@ -96,9 +96,14 @@ class BusLink:
     def close(self) -> None:
         """Disconnect now."""
         bus, self._bus = self._bus, None
-        if bus is not None:
+        if bus is None:
+            return
+        try:
+            bus.disconnect()
+        except Exception:
+            # Its event loop is closed already: release the socket as bleak does for such a bus.
             with contextlib.suppress(Exception):
-                bus.disconnect()
+                bus._finalize(None)
 
     async def bus(self) -> MessageBus:
         """Connected, reconnecting once the old connection died."""
