@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import signal
 import sys
 from collections.abc import Callable
@@ -53,6 +54,7 @@ OM = "org.freedesktop.DBus.ObjectManager"
 CONTROL_PATH = "/org/bluez/emulator"
 CONTROL_IFACE = "org.bluez.Emulator"
 RSSI_THRESHOLD = 8  # src/device.c
+STREAM_UUID = "0000180d-0000-1000-8000-00805f9b34fb"  # what benchmark streams advertise
 _NOT_READY = ("org.bluez.Error.NotReady", "Resource Not Ready")
 _ADVERT_KEYS = ("RSSI", "TxPower", "ManufacturerData", "ServiceData")
 
@@ -130,6 +132,8 @@ class Emulator:
         self.power_off_on_start = False
         self.wedged = False
         self._backlog: list[Message] = []
+        self.stream_sent = 0
+        self._tasks: set[asyncio.Task[None]] = set()
 
     # ---- dispatch --------------------------------------------------------------------------------------
 
@@ -461,19 +465,27 @@ class Emulator:
 
     def c_stream(self, adapter: str, addresses: list[str], count: int, rate: float, rssi: list[int]) -> None:
         """Emit `count` reports at `rate` per second, cycling over addresses and RSSI values (benchmarks)."""
-        asyncio.get_running_loop().create_task(self._stream(adapter, addresses, count, rate, rssi))
+        task = asyncio.get_running_loop().create_task(self._stream(adapter, addresses, count, rate, rssi))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
 
     async def _stream(
         self, adapter: str, addresses: list[str], count: int, rate: float, rssi: list[int]
     ) -> None:
+        self.stream_sent = 0
         loop = asyncio.get_running_loop()
         start = loop.time()
         for i in range(count):
             due = start + i / rate
             if due > loop.time():
                 await asyncio.sleep(due - loop.time())
-            self.report(adapter, addresses[i % len(addresses)], {"rssi": rssi[i % len(rssi)], "uuids": []})
-        self.streamed = True
+            adv = {"rssi": rssi[i % len(rssi)], "uuids": [STREAM_UUID], "name": "bench"}
+            self.report(adapter, addresses[i % len(addresses)], adv)
+            self.stream_sent = i + 1
+
+    def c_streamed(self) -> int:
+        """How many reports the current stream has emitted so far."""
+        return self.stream_sent
 
     def c_add_cached(self, adapter: str, address: str, name: str | None = None, uuids: list[str] = ()) -> str:
         """A device BlueZ knows from before (paired or seen earlier): a Device1 without RSSI."""
@@ -598,9 +610,32 @@ def _plain(v: Any) -> Any:
     return v
 
 
+class _FullBufferSafe:
+    """The bus socket, answering a full send buffer with "0 bytes sent" instead of EAGAIN.
+
+    dbus-fast 5.2.0's writer (dbus_fast/aio/message_bus.py `_MessageWriter.write_callback`) writes directly
+    when its queue is empty and tears the connection down on BlockingIOError; a burst of signals from the
+    emulator can fill the socket exactly. Zero bytes sent makes it wait for writability, as it does after
+    a partial write.
+    """
+
+    def __init__(self, sock: Any) -> None:
+        self._sock = sock
+
+    def send(self, data: Any) -> int:
+        try:
+            return int(self._sock.send(data))
+        except BlockingIOError:
+            return 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+
 async def main(address: str) -> None:
     """Own org.bluez on `address` and serve until SIGTERM."""
     bus = await MessageBus(bus_address=address).connect()
+    bus._writer.sock = _FullBufferSafe(bus._writer.sock)
     emulator = Emulator(bus)
     bus.add_message_handler(emulator.on_message)
     await bus.call(
@@ -618,7 +653,11 @@ async def main(address: str) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     print("ready", flush=True)
-    await stop.wait()
+    lost = asyncio.ensure_future(bus.wait_for_disconnect())
+    await asyncio.wait({lost, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
+    if lost.done() and os.environ.get("BLUEZ_EMU_TRACE"):
+        with open(os.environ["BLUEZ_EMU_TRACE"], "a") as trace:
+            trace.write(f"disconnected: {lost.exception()!r}\n")
     bus.disconnect()
 
 

@@ -326,8 +326,8 @@ class BluezEmulator:
         self._mock = subprocess.Popen(
             [sys.executable, str(EMULATOR), self.address],
             stdout=subprocess.PIPE,
-            # BLUEZ_EMU_STDERR=1 shows the emulator's tracebacks (debugging a test double's own bug).
-            stderr=None if os.environ.get("BLUEZ_EMU_STDERR") else subprocess.DEVNULL,
+            # BLUEZ_EMU_STDERR=PATH keeps the emulator's tracebacks (debugging a test double's own bug).
+            stderr=open(os.environ["BLUEZ_EMU_STDERR"], "ab") if os.environ.get("BLUEZ_EMU_STDERR") else subprocess.DEVNULL,
         )
         assert self._mock.stdout is not None
         line = self._mock.stdout.readline()
