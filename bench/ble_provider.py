@@ -122,7 +122,7 @@ async def start_scan(manager: DiscoveryManager, provider: BleProvider, window_ms
 
 
 def worker_pid(manager: DiscoveryManager, operation_id: str) -> int:
-    session = manager._sessions[operation_id]._provider_session  # noqa: SLF001 - the bench reads its pid
+    session = manager._sessions[operation_id]._provider_session  # the bench reads its worker's pid
     assert isinstance(session, BleSession) and session.worker_pid is not None
     return session.worker_pid
 
@@ -172,7 +172,8 @@ async def bench_cpu(bluez: BluezController, rounds: int, signals: int, rate: flo
     print(
         f"1 CPU per signal: bleak alone {statistics.median(bare) / 1000:.1f} us, connector (all processes) "
         f"{statistics.median(connector) / 1000:.1f} us -> {ratio:.2f}x (target <= 1.3x); "
-        f"rounds bare {[round(x / 1000, 1) for x in bare]} connector {[round(x / 1000, 1) for x in connector]}"
+        f"rounds bare {[round(x / 1000, 1) for x in bare]} "
+        f"connector {[round(x / 1000, 1) for x in connector]}"
     )
 
 
@@ -180,12 +181,17 @@ async def bench_load(bluez: BluezController, seconds: float) -> None:
     rate = 2000.0
     spent, wall = await connector_cpu_ns(bluez, int(rate * seconds), rate)
     share = spent / 1e9 / wall * 100
-    print(f"2 at {rate:.0f} signals/s for {wall:.1f} s: connector CPU {share:.1f} % of one core (target < 10 %)")
+    print(
+        f"2 at {rate:.0f} signals/s for {wall:.1f} s: connector CPU {share:.1f} % of one core",
+        "(target < 10 %)",
+    )
 
 
 async def bare_stop_ms(bus: MessageBus) -> float:
     def call(member: str) -> Message:
-        return Message(destination="org.bluez", path="/org/bluez/hci0", interface="org.bluez.Adapter1", member=member)
+        return Message(
+            destination="org.bluez", path="/org/bluez/hci0", interface="org.bluez.Adapter1", member=member
+        )
 
     await bus.call(call("StartDiscovery"))
     started = time.perf_counter()
@@ -215,9 +221,7 @@ async def bench_stop(rounds: int) -> None:
 
 
 async def bench_proof(bluez: BluezController, rounds: int) -> None:
-    scope = DiscoveryScope(
-        "ble", 60, 64, 65536, ScopeFilter(service_uuids=(HEART,)), cleanup_timeout_ms=1000
-    )
+    scope = DiscoveryScope("ble", 60, 64, 65536, ScopeFilter(service_uuids=(HEART,)), cleanup_timeout_ms=1000)
     extra = []
     for _ in range(rounds):
         session = await BleProvider().start(scope, _NullSink())

@@ -194,9 +194,16 @@ class BleSession(BaseSession):
     """One BLE session: its worker process, the pipe to it, and its stop."""
 
     def __init__(
-        self, scope: DiscoveryScope, sink: ObservationSink, adapter_path: str, link: BusLink
+        self,
+        scope: DiscoveryScope,
+        sink: ObservationSink,
+        adapter_path: str,
+        link: BusLink,
+        *,
+        coalesce: bool = True,
     ) -> None:
         super().__init__(scope, sink)
+        self._coalesce = coalesce
         self._adapter_path = adapter_path
         self._link = link
         self._proc: asyncio.subprocess.Process | None = None
@@ -219,6 +226,7 @@ class BleSession(BaseSession):
             "adapter_path": self._adapter_path,
             "filters": discovery_filters(self.scope),
             "scope": self.scope,
+            "coalesce": self._coalesce,
         }
         self._link.hold()
         try:
@@ -364,8 +372,16 @@ def _resolve(future: asyncio.Future[Any], value: Any) -> None:
 class BleProvider:
     """BLE discovery through bleak on BlueZ, one worker process per session."""
 
-    def __init__(self, adapter: str | None = None, *, link: Callable[[], BusLink] = bus_link) -> None:
+    def __init__(
+        self,
+        adapter: str | None = None,
+        *,
+        every_report: bool = False,
+        link: Callable[[], BusLink] = bus_link,
+    ) -> None:
         self._adapter = adapter
+        # A recording wants every report as it came; a scan only each device's latest per worker batch.
+        self._every_report = every_report
         self._link = link
         self._capabilities = ProviderCapabilities(
             transport="ble",
@@ -403,6 +419,6 @@ class BleProvider:
             name = await self.resolve_adapter(scope)
             if name is None:
                 raise ProviderUnavailable("no powered BLE adapter is available")
-        session = BleSession(scope, sink, f"/org/bluez/{name}", self._link())
+        session = BleSession(scope, sink, f"/org/bluez/{name}", self._link(), coalesce=not self._every_report)
         await session.open()
         return session

@@ -326,14 +326,19 @@ class BluezEmulator:
         self._mock = subprocess.Popen(
             [sys.executable, str(EMULATOR), self.address],
             stdout=subprocess.PIPE,
-            # BLUEZ_EMU_STDERR=PATH keeps the emulator's tracebacks (debugging a test double's own bug).
-            stderr=open(os.environ["BLUEZ_EMU_STDERR"], "ab") if os.environ.get("BLUEZ_EMU_STDERR") else subprocess.DEVNULL,
+            stderr=self._stderr(),
         )
         assert self._mock.stdout is not None
         line = self._mock.stdout.readline()
         self._mock.stdout.close()
         if line.strip() != b"ready":
             raise RuntimeError("the emulated bluetoothd did not come up")
+
+    @staticmethod
+    def _stderr() -> Any:
+        """DEVNULL, or BLUEZ_EMU_STDERR=PATH to keep the emulator's tracebacks (a test double's own bugs)."""
+        path = os.environ.get("BLUEZ_EMU_STDERR")
+        return subprocess.DEVNULL if not path else open(path, "ab")
 
     def stop_mock(self) -> None:
         """Terminate the emulated bluetoothd (its bus name vanishes)."""
