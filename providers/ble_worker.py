@@ -33,6 +33,7 @@ from typing import Any, cast
 from connector.core.observations import BleObservation
 
 _LEN = struct.Struct(">I")
+_as_observation = tuple.__new__
 STOP = b"S"
 # In-scope observations are batched this long (or up to _BATCH_MAX devices): one pipe write and one parent
 # wake-up per batch. Within a batch only each device's latest in-scope report crosses: the parent stamps a
@@ -266,16 +267,28 @@ class Worker:
     def _on_advert(self, device: Any, adv: Any) -> None:
         if not (self._open and self._manager.report):
             return
-        observation = _observation(device.address, adv)
-        if self._in_scope(observation):
+        # The plain tuple crosses the pipe (marshal takes exact tuples); the observation view of the same
+        # fields is built without NamedTuple's Python-level __new__: this runs for every report.
+        address = device.address
+        fields = (
+            address,
+            adv.rssi,
+            adv.local_name,
+            tuple(adv.service_uuids),
+            adv.manufacturer_data,
+            adv.service_data,
+            adv.tx_power,
+            None,
+        )
+        if self._in_scope(_as_observation(BleObservation, fields)):
             batch = self._batch
             if not batch:
                 self._flush_handle = asyncio.get_running_loop().call_later(BATCH_S, self._flush)
             if self._coalesce:
-                batch[observation.address] = tuple(observation)
+                batch[address] = fields
             else:
                 self._seq += 1
-                batch[self._seq] = tuple(observation)
+                batch[self._seq] = fields
             if len(batch) >= _BATCH_MAX:
                 self._flush()
 
@@ -329,19 +342,6 @@ class Worker:
         reply = await bus.call(stop)
         if reply.message_type == MessageType.ERROR:
             raise BleakDBusError(reply.error_name or "", reply.body)
-
-
-def _observation(address: str, adv: Any) -> Any:
-    # Positional on purpose: keywords make this, the costliest line per advert, about a third slower.
-    return BleObservation(
-        address,
-        adv.rssi,
-        adv.local_name,
-        tuple(adv.service_uuids),
-        adv.manufacturer_data,
-        adv.service_data,
-        adv.tx_power,
-    )
 
 
 def _gated_manager(bleak_manager: Any, on_signal: Any) -> Any:
