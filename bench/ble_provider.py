@@ -179,8 +179,11 @@ async def bench_cpu(bluez: BluezController, rounds: int, signals: int, rate: flo
 
 async def bench_load(bluez: BluezController, seconds: float) -> None:
     rate = 2000.0
-    spent, wall = await connector_cpu_ns(bluez, int(rate * seconds), rate)
+    signals = int(rate * seconds)
+    bare = await bare_cpu_ns(bluez, signals, rate) / 1e9 / (signals / rate) * 100
+    spent, wall = await connector_cpu_ns(bluez, signals, rate)
     share = spent / 1e9 / wall * 100
+    print(f"2 baseline: bleak alone at {rate:.0f} signals/s: {bare:.1f} % of one core (same run)")
     print(
         f"2 at {rate:.0f} signals/s for {wall:.1f} s: connector CPU {share:.1f} % of one core",
         "(target < 10 %)",
