@@ -10,17 +10,14 @@ its sessions keep the real stacks' rules:
   attached device is seen again at each pass, at most 1 s apart; a removal is a `remove` at the next pass;
 - mDNS (modelled on python-zeroconf's `ServiceBrowser` as `providers/mdns.py` drives it): a resolved
   instance is re-seen at each presence pass, at most 1 s apart; a removal is a goodbye (`remove`);
-- every observation goes through the provider-side re-filter (`providers.replay.scoped`), so nothing out of
-  scope leaves the provider;
+- every observation goes through the provider-side re-filter of `providers.base.BaseSession`, so nothing
+  out of scope leaves the provider;
 - an adapter powered off, or a backend restart, ends every running session with `provider-restarted`; a
   start on a powered-off adapter is `provider-unavailable`;
-- a stop answers as the adapter's stop mode says at the time of the call: `ack` acknowledges, `refuse`
-  raises `StopUnconfirmed`, `stall` never answers (the runtime's bound cuts it). Neither of the last two is a
-  qualified proof: cleanup stays uncertain and the claim held until a later stop (a background retry)
-  meets `ack`.
-
-The stop gate, the re-filter and the per-session player are separate pieces so that they can move onto a
-shared provider session base class unchanged.
+- a stop answers as the adapter's stop mode says at the time of the attempt: `ack` acknowledges, `refuse`
+  refuses, `stall` never answers (the base's cleanup bound cuts it). The simulated backend has no qualified
+  proof: after a refusal or a stall `BaseSession.stop` raises `StopUnconfirmed`, cleanup stays uncertain and
+  the claim held until a later stop (a background retry) meets `ack`.
 """
 
 from __future__ import annotations
@@ -42,9 +39,9 @@ from connector.core.observations import (
     UsbObservation,
 )
 from connector.core.scope import DiscoveryScope
-from connector.errors import ProviderRestarted, ProviderUnavailable, SensoriumError, StopUnconfirmed
-from providers.base import ObservationSink, ProviderCapabilities
-from providers.replay import LineError, finish_task, parse_observation_line, scoped
+from connector.errors import ProviderRestarted, ProviderUnavailable, SensoriumError
+from providers.base import BaseSession, ObservationSink, ProviderCapabilities
+from providers.replay import LineError, finish_task, parse_observation_line
 
 StopMode = Literal["ack", "refuse", "stall"]
 STOP_MODES: Final[tuple[StopMode, ...]] = ("ack", "refuse", "stall")
@@ -162,18 +159,19 @@ def _presence(observation: Observation) -> Observation:
 
 
 class StopGate:
-    """Answers one stop as the adapter's current mode says: acknowledge, refuse, or never answer."""
+    """Answers one stop attempt as the adapter's current mode says: acknowledge, refuse, or never answer."""
 
     def __init__(self) -> None:
         self.mode: StopMode = "ack"
 
-    async def pass_through(self) -> None:
-        """Return (acknowledge), raise `StopUnconfirmed` (refuse), or wait forever (stall)."""
+    async def answer(self) -> str | None:
+        """None (acknowledge), the refusing rule (refuse), or never (stall: the base's bound cuts it)."""
         mode = self.mode
         if mode == "refuse":
-            raise StopUnconfirmed("the simulated adapter refused the stop")
+            return "simulated-stop-refused"
         if mode == "stall":
             await asyncio.Event().wait()
+        return None
 
 
 # ---- one session -----------------------------------------------------------------------------------------
@@ -186,21 +184,22 @@ class _Schedule:
     due: dict[str, float] = field(default_factory=dict)
 
 
-class SimulatedSession:
-    """One session on a simulated adapter: a player task, a re-filtered sink, a gated stop."""
+class SimulatedSession(BaseSession):
+    """One session on a simulated adapter: a player task behind the base's gate, re-filter and stop bound."""
+
+    # Each stop is a fresh attempt: a stalled one is dropped, so a later `{"stop": "ack"}` can confirm.
+    rejoin_stalled_attempt = False
 
     def __init__(self, adapter: SimulatedAdapter, scope: DiscoveryScope, sink: ObservationSink) -> None:
+        super().__init__(scope, sink)
         self._adapter = adapter
-        self._sink = sink
-        self._deliver = scoped(scope, sink)
         self._schedule = _Schedule()
         self._wake = asyncio.Event()
-        self._failed = False
-        self.acknowledged = False
         loop = asyncio.get_running_loop()
         now = loop.time()
         for device in adapter.devices.values():
             self._schedule.due[device.sim_id] = now
+        self.opened()
         self._task = loop.create_task(self._play())
 
     async def _play(self) -> None:
@@ -213,7 +212,7 @@ class SimulatedSession:
                 if device is None:
                     del self._schedule.due[sim_id]
                 elif due <= now:
-                    self._deliver(_presence(device.observation))
+                    self.deliver(_presence(device.observation))
                     self._schedule.due[sim_id] = now + device.interval_ms / 1000.0
             self._wake.clear()
             timeout = min(self._schedule.due.values(), default=now + 3600.0) - now
@@ -229,25 +228,22 @@ class SimulatedSession:
         """A device left: USB removal / mDNS goodbye now; BLE stops advertising."""
         self._schedule.due.pop(device.sim_id, None)
         removal = _removal(device.observation)
-        if removal is not None and not self._task.done():
-            self._deliver(removal)
+        if removal is not None:
+            self.deliver(removal)
 
-    def fail(self, error: ProviderRestarted) -> None:
-        """The adapter went away under this session: report once, play no more."""
-        if self._failed or self._task.done():
-            return
-        self._failed = True
+    def lose_backend(self, error: ProviderRestarted) -> None:
+        """The adapter went away under this session: play no more, report once (the base closes the gate)."""
         self._task.cancel()
-        self._sink.fail(error)
+        self.fail(error)
 
-    async def stop(self) -> None:
-        """Answer through the stop gate; once acknowledged, the player has finished. Idempotent."""
-        if self.acknowledged:
-            return
-        await self._adapter.gate.pass_through()
+    async def _stop_backend(self) -> str | None:
+        """One stop attempt through the gate; on acknowledgement the player has finished."""
+        refusal = await self._adapter.gate.answer()
+        if refusal is not None:
+            return refusal
         await finish_task(self._task)
-        self.acknowledged = True
         self._adapter.forget(self)
+        return None
 
 
 # ---- one adapter -----------------------------------------------------------------------------------------
@@ -318,7 +314,7 @@ class SimulatedAdapter:
 
     def _fail_all(self, message: str) -> None:
         for session in list(self._sessions):
-            session.fail(ProviderRestarted(message))
+            session.lose_backend(ProviderRestarted(message))
 
     def describe(self) -> dict[str, Any]:
         """The adapter's state as the simulation routes answer it (no device data)."""
@@ -336,11 +332,9 @@ class SimulatedProvider:
 
     def __init__(self, adapter: SimulatedAdapter) -> None:
         self._adapter = adapter
-        # Claims follow the real provider of the transport (`providers/ble.py` declares its sessions
-        # exclusive per adapter; `serial.py` and `mdns.py` share), so claim refusals match production.
-        self._capabilities = ProviderCapabilities(
-            transport=adapter.transport, concurrent_sessions=adapter.transport != "ble"
-        )
+        # Every real provider shares its adapter between sessions (a claim held by an uncertain cleanup
+        # still blocks new ones), so the simulated ones do too.
+        self._capabilities = ProviderCapabilities(transport=adapter.transport, concurrent_sessions=True)
 
     @property
     def capabilities(self) -> ProviderCapabilities:
