@@ -24,6 +24,7 @@ from connector.host.routes import host_router
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from connector.service.operations import LiveConnectorOperations
 from connector.telemetry.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
+from providers.replay import FixtureError, load_fixture
 from providers.simulated import parse_simulate
 
 _log = logging.getLogger("sensorium.serve")
@@ -116,10 +117,22 @@ def parse_replays(values: list[str]) -> dict[str, Path]:
         transport, sep, path = value.partition("=")
         if not sep or transport not in ("ble", "usb-serial", "mdns") or not path:
             raise ValueError("--replay takes TRANSPORT=FILE with TRANSPORT one of ble, usb-serial, mdns")
-        if not Path(path).is_file():
-            raise ValueError(f"--replay fixture for {transport} is not a readable file")
+        try:
+            load_fixture(path)  # the file and every line checked now, not at the first scan
+        except FixtureError as error:
+            raise ValueError(f"--replay {transport}={path}: {_fixture_reason(path, error)}") from None
         replays[transport] = Path(path)
     return replays
+
+
+def _fixture_reason(path: str, error: FixtureError) -> str:
+    """The OS reason for an unreadable file, else the fixture rule that was broken (line and path)."""
+    try:
+        with open(path, "rb"):
+            pass
+    except OSError as os_error:
+        return os_error.strerror or type(os_error).__name__
+    return error.message
 
 
 def config_from(args: argparse.Namespace) -> ConnectorConfig:

@@ -239,3 +239,15 @@ def test_catalog_sign_refuses_a_public_key(tmp_path: Path, capsys: pytest.Captur
     assert code == 2 and "holds the public key" in err
     private = public.with_suffix(".key")
     assert run(["catalog", "sign", str(catalog), "--key", str(private)], capsys)[0] == 0
+
+
+def test_serve_names_a_bad_replay_file_and_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    missing = tmp_path / "gone.jsonl"
+    code, _, err = run(["serve", "--data-dir", str(tmp_path / "d"), "--replay", f"ble={missing}"], capsys)
+    assert code == 2 and f"--replay ble={missing}: No such file or directory" in err
+    broken = tmp_path / "broken.jsonl"
+    broken.write_text(
+        '{"fixture": "sensorium-hw-fixture.v1", "transport": "ble", "source": "synthesised"}\n{"t_ms": 1}\n'
+    )
+    code, _, err = run(["serve", "--data-dir", str(tmp_path / "d"), "--replay", f"ble={broken}"], capsys)
+    assert code == 2 and "line 2: /rssi: required" in err
