@@ -17,7 +17,16 @@ from connector.api.errors import (
     JsonResponse,
     install_error_handlers,
 )
+from connector.api.openapi import Ok, Route, declare, install_openapi
+from connector.resources import version
 from connector.service.connector import ConnectorService
+
+HEALTH = Route(
+    oks=(Ok(200, ("health",), description="ready"), Ok(503, ("health",), description="starting")),
+    refusals=("internal",),
+    authenticated=False,
+)
+METRICS = Route(oks=(Ok(200, media_type="text/plain"),), refusals=("internal",), authenticated=False)
 
 
 @dataclass(slots=True)
@@ -45,7 +54,8 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """Build the HTTP face of one connector process."""
-    app = FastAPI(title="sensorium-os-connector", version="0.1.0", docs_url=None, redoc_url=None)
+    app = FastAPI(title="sensorium-os-connector", version=version(), docs_url=None, redoc_url=None)
+    install_openapi(app)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(InternalErrors)  # added last: outermost, so it also covers the body limit
@@ -53,13 +63,13 @@ def create_app(
     for router in routers:
         app.include_router(router)
 
-    @app.get("/healthz")
+    @app.get("/healthz", **declare(HEALTH))
     async def healthz() -> Response:
         """200 once ready, else 503."""
         ready = readiness.ready
         return JsonResponse({"status": "ok" if ready else "starting"}, status_code=200 if ready else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", **declare(METRICS))
     async def prometheus() -> Response:
         """Prometheus counters; never candidate data."""
         return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)

@@ -19,9 +19,10 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from connector.contract.patterns import ecma
+from connector.resources import data_dir
 from connector.contract.violations import SCHEMA_RULE, Violation, ordered, pointer
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMA_DIR = data_dir("schemas")
 _SUFFIX = ".schema.json"
 RULE_KEYWORD = "x-rule"
 
@@ -35,6 +36,7 @@ class _Loaded:
     documents: Mapping[str, Mapping[str, Any]]
     registry: Registry[Any]
     everything: tuple[Mapping[str, Any], ...]
+    by_id: Mapping[str, Mapping[str, Any]]
 
 
 def schema_names() -> tuple[str, ...]:
@@ -48,6 +50,11 @@ def schema_document(name: str) -> Mapping[str, Any]:
         return _loaded().documents[name]
     except KeyError:
         raise UnknownSchemaError("no schema by that name") from None
+
+
+def schema_files() -> Mapping[str, Mapping[str, Any]]:
+    """Every file of `schemas/` by file name (documents and shared definitions), parsed."""
+    return {path.rsplit("/", 1)[-1]: contents for path, contents in _loaded().by_id.items()}
 
 
 @functools.cache
@@ -73,7 +80,8 @@ def _loaded() -> _Loaded:
         if path.name.endswith(_SUFFIX):
             documents[path.name.removesuffix(_SUFFIX)] = contents
     everything = tuple(resource.contents for _, resource in resources)
-    return _Loaded(documents, Registry().with_resources(resources), everything)
+    by_id = {uri: resource.contents for uri, resource in resources}
+    return _Loaded(documents, Registry().with_resources(resources), everything, by_id)
 
 
 def _is_integer(checker: TypeChecker, instance: object) -> bool:
