@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,3 +30,46 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def repo_root() -> Path:
     """The repository root."""
     return REPO_ROOT
+
+
+# ---- every in-process HTTP answer against /openapi.json (see tests/openapi_check.py) ------------------
+
+_MISMATCHES: list[str] = []
+
+
+def _install_openapi_check() -> None:
+    import httpx
+
+    from openapi_check import Mismatch, check, documented
+
+    original = httpx.ASGITransport.handle_async_request
+    if getattr(original, "_sensorium_checked", False):
+        return
+
+    async def checked(self: httpx.ASGITransport, request: httpx.Request) -> httpx.Response:
+        response = await original(self, request)
+        document = documented(self.app)
+        if document is not None:
+            await response.aread()
+            try:
+                check(document, request, response)
+            except Mismatch as mismatch:
+                _MISMATCHES.append(str(mismatch))
+                raise
+        return response
+
+    checked._sensorium_checked = True  # type: ignore[attr-defined]
+    httpx.ASGITransport.handle_async_request = checked  # type: ignore[method-assign]
+
+
+_install_openapi_check()
+
+
+@pytest.fixture(autouse=True)
+def _responses_match_openapi() -> Any:
+    """Fail a test during which an answer contradicted the OpenAPI document (even if code swallowed it)."""
+    _MISMATCHES.clear()
+    yield
+    seen = list(_MISMATCHES)
+    _MISMATCHES.clear()
+    assert not seen, "answers the OpenAPI document does not describe:\n" + "\n".join(seen)

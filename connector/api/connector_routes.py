@@ -77,7 +77,9 @@ BIND = Route(
 BINDINGS = Route(oks=(Ok(200, ("binding-list",)),), refusals=_AUTH)
 FORGET = Route(oks=(Ok(204),), refusals=(*_AUTH, "unknown-binding"))
 CATALOG = Route(oks=(Ok(200, ("catalog-summary",)),), refusals=_AUTH)
-REVOKE = Route(oks=(Ok(200, ("principal-revocation",)),), refusals=(*_AUTH, "forbidden", "invalid-input"))
+REVOKE = Route(
+    oks=(Ok(200, ("principal-revocation",)),), refusals=(*_AUTH, "forbidden", "not-found", "invalid-input")
+)
 
 
 async def _json(request: Request) -> Any:

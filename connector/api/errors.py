@@ -60,24 +60,24 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_validation(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        names = sorted({_parameter_of(err.get("loc", ())) for err in exc.errors()})[:16]
-        diagnostics = [{"code": "invalid-input", "message": f"{name}: {_RULE}"} for name in names]
-        message = "invalid request parameter: " + ", ".join(names) + f" ({_RULE})"
-        return error_response("invalid-input", message, diagnostics=diagnostics)
+        locs = sorted({tuple(str(p) for p in err.get("loc", ())) for err in exc.errors()})[:16]
+        diagnostics = [{"code": "invalid-input", "message": "/" + "/".join(loc) + ": invalid"} for loc in locs]
+        names = ", ".join(_parameter_of(loc) for loc in locs)
+        return error_response("invalid-input", f"{names}: {_RULE}", diagnostics=diagnostics)
 
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(RequestValidationError, on_validation)
 
 
 # Every parameter a route declares is an integer >= 0 or a member of a listed set (see /openapi.json).
-_RULE = "not an allowed value"
+_RULE = "not an allowed value (see /openapi.json)"
 _METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
 
 
 def _parameter_of(loc: Sequence[Any]) -> str:
     """`query parameter wait_seconds` from pydantic's `("query", "wait_seconds")`: our names, not values."""
     where, name = (loc[0], loc[1]) if len(loc) >= 2 else ("request", "body")
-    return f"{where} parameter {name}"
+    return f"{where} parameter {name}"  # `where` is pydantic's location kind, `name` our parameter
 
 
 def allowed_methods(request: Request) -> list[str]:

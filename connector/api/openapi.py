@@ -365,9 +365,6 @@ def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
     """An optional query parameter is absent or an integer: `null` is not a value a query can carry."""
     options = [s for s in schema.get("anyOf", ()) if s.get("type") != "null"]
     if len(options) == 1 and len(options) < len(schema.get("anyOf", ())):
-        plain = dict(options[0])
-        for key in ("title", "description", "default"):
-            if schema.get(key) is not None:
-                plain[key] = schema[key]
-        return plain
+        rest = {k: v for k, v in schema.items() if k != "anyOf" and not (k == "default" and v is None)}
+        return {**options[0], **rest}
     return schema

@@ -103,6 +103,11 @@ _WireValidator: type[Validator] = validators.extend(  # type: ignore[no-untyped-
 )
 
 
+def wire_validator(schema: Mapping[str, Any], registry: Registry[Any] | None = None) -> Validator:
+    """A 2020-12 validator with the wire rules (no float integers, ECMA-262 patterns) for any schema."""
+    return _WireValidator(schema, registry=registry if registry is not None else _loaded().registry)
+
+
 @functools.cache
 def _validator(name: str) -> Validator:
     return _WireValidator(schema_document(name), registry=_loaded().registry)
