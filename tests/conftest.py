@@ -39,7 +39,6 @@ _MISMATCHES: list[str] = []
 
 def _install_openapi_check() -> None:
     import httpx
-
     from openapi_check import Mismatch, check, documented
 
     original = httpx.ASGITransport.handle_async_request

@@ -109,7 +109,8 @@ def _check_body(
     if media != "application/json":
         return
     pointer = "/".join(
-        _escape(p) for p in ("paths", template, method, "responses", str(response.status_code), "content", media)
+        _escape(p)
+        for p in ("paths", template, method, "responses", str(response.status_code), "content", media)
     )
     validator = wire_validator({"$ref": f"{_DOC_URI}#/{pointer}/schema"}, registry=registry)
     errors = sorted(validator.iter_errors(response.json()), key=lambda e: list(e.absolute_path))

@@ -57,7 +57,9 @@ SELECT = Route(
     body="selection-request",
 )
 BIND = Route(
-    oks=(Ok(201, ("sensorium-device-binding.v1",), description="the binding; the only answer with an address"),),
+    oks=(
+        Ok(201, ("sensorium-device-binding.v1",), description="the binding; the only answer with an address"),
+    ),
     refusals=(
         *_BODY,
         *_AUTH,

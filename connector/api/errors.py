@@ -61,7 +61,7 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_validation(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         locs = sorted({tuple(str(p) for p in err.get("loc", ())) for err in exc.errors()})[:16]
-        diagnostics = [{"code": "invalid-input", "message": "/" + "/".join(loc) + ": invalid"} for loc in locs]
+        diagnostics = [{"code": "invalid-input", "message": f"/{'/'.join(loc)}: invalid"} for loc in locs]
         names = ", ".join(_parameter_of(loc) for loc in locs)
         return error_response("invalid-input", f"{names}: {_RULE}", diagnostics=diagnostics)
 

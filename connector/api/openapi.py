@@ -229,7 +229,9 @@ API_COMPONENTS: Mapping[str, Any] = {
             "operation": _DURABLE_VIEW,
             "history": {
                 "type": "array",
-                "items": _closed({"seq": _COUNT, "at": _TIME, "status": _ref("common.defs.status"), "digest": _DIGEST}),
+                "items": _closed(
+                    {"seq": _COUNT, "at": _TIME, "status": _ref("common.defs.status"), "digest": _DIGEST}
+                ),
             },
             "receipt": _nullable(_ref("execution-receipt.v1")),
         }
@@ -336,7 +338,10 @@ def install_openapi(app: FastAPI) -> None:
 def build_document(app: FastAPI) -> dict[str, Any]:
     """FastAPI's document with each route's declared answers and the canonical components."""
     document = get_openapi(
-        title=app.title, version=app.version, openapi_version="3.1.0", description=app.description,
+        title=app.title,
+        version=app.version,
+        openapi_version="3.1.0",
+        description=app.description,
         routes=app.routes,
     )
     for methods in document.get("paths", {}).values():

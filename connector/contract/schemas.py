@@ -10,7 +10,6 @@ import functools
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator, TypeChecker, ValidationError, validators
@@ -19,8 +18,8 @@ from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
 from connector.contract.patterns import ecma
-from connector.resources import data_dir
 from connector.contract.violations import SCHEMA_RULE, Violation, ordered, pointer
+from connector.resources import data_dir
 
 SCHEMA_DIR = data_dir("schemas")
 _SUFFIX = ".schema.json"
@@ -114,16 +113,25 @@ def _validator(name: str) -> Validator:
 
 
 def _violations(error: ValidationError, root: Mapping[str, Any]) -> Iterator[Violation]:
-    at, rule = list(error.absolute_path), _rule_of(error, root)
+    at, rule, keyword = list(error.absolute_path), _rule_of(error, root), _keyword(error)
     required = error.validator_value if error.validator == "required" else None
     if isinstance(required, list) and isinstance(error.instance, Mapping):
         # Point at each missing member, as a model does; the names come from the schema, not the document.
         for key in required:
             if key not in error.instance:
-                yield Violation(pointer(*at, key), rule)
+                yield Violation(pointer(*at, key), rule, keyword)
     else:
         # For a closed object this names the object: an unknown key is the sender's text, not ours to echo.
-        yield Violation(pointer(*at), rule)
+        yield Violation(pointer(*at), rule, keyword)
+
+
+def _keyword(error: ValidationError) -> str:
+    """The failing keyword (`false` schemas fail as the keyword that holds them, e.g. a forbidden member)."""
+    keyword = error.validator
+    if isinstance(keyword, str) and keyword:
+        return keyword
+    steps = [step for step in error.schema_path if isinstance(step, str)]
+    return steps[-1] if steps else "false"
 
 
 def _rule_of(error: ValidationError, root: Mapping[str, Any]) -> str:

@@ -50,9 +50,12 @@ STATUS = Route(
 )
 CANCEL = Route(oks=(Ok(200, _STATUS_BODIES),), refusals=(*_AUTH, "unknown-operation", "not-cancelable"))
 OPERATOR_LIST = Route(oks=(Ok(200, ("operator-operation-list",)),), refusals=(*_OPERATOR, "invalid-input"))
-OPERATOR_DETAIL = Route(oks=(Ok(200, ("operator-operation-detail",)),), refusals=(*_OPERATOR, "unknown-operation"))
+OPERATOR_DETAIL = Route(
+    oks=(Ok(200, ("operator-operation-detail",)),), refusals=(*_OPERATOR, "unknown-operation")
+)
 OPERATOR_CANCEL = Route(
-    oks=(Ok(200, ("operator-operation-detail",)),), refusals=(*_OPERATOR, "unknown-operation", "not-cancelable")
+    oks=(Ok(200, ("operator-operation-detail",)),),
+    refusals=(*_OPERATOR, "unknown-operation", "not-cancelable"),
 )
 _STATUSES = ["pending", "running", "completed", "failed", "timed-out", "cancelled", "expired", "unknown"]
 
