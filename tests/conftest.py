@@ -32,33 +32,15 @@ def repo_root() -> Path:
     return REPO_ROOT
 
 
-# ---- every in-process HTTP answer against /openapi.json (see tests/openapi_check.py) ------------------
+# ---- every HTTP answer the suite sees against /openapi.json (see tests/openapi_check.py) -----------
 
 _MISMATCHES: list[str] = []
 
 
 def _install_openapi_check() -> None:
-    import httpx
-    from openapi_check import Mismatch, check, documented
+    from openapi_check import install
 
-    original = httpx.ASGITransport.handle_async_request
-    if getattr(original, "_sensorium_checked", False):
-        return
-
-    async def checked(self: httpx.ASGITransport, request: httpx.Request) -> httpx.Response:
-        response = await original(self, request)
-        document = documented(self.app)
-        if document is not None:
-            await response.aread()
-            try:
-                check(document, request, response)
-            except Mismatch as mismatch:
-                _MISMATCHES.append(str(mismatch))
-                raise
-        return response
-
-    checked._sensorium_checked = True  # type: ignore[attr-defined]
-    httpx.ASGITransport.handle_async_request = checked  # type: ignore[method-assign]
+    install(_MISMATCHES)
 
 
 _install_openapi_check()
@@ -67,7 +49,10 @@ _install_openapi_check()
 @pytest.fixture(autouse=True)
 def _responses_match_openapi() -> Any:
     """Fail a test during which an answer contradicted the OpenAPI document (even if code swallowed it)."""
+    from openapi_check import forget_served
+
     _MISMATCHES.clear()
+    forget_served()
     yield
     seen = list(_MISMATCHES)
     _MISMATCHES.clear()

@@ -1,6 +1,8 @@
-"""Every answer the suite sees over httpx's ASGI transport is checked against the app's own `/openapi.json`.
+"""Every answer the suite sees over httpx is checked against the server's own `/openapi.json`.
 
-`tests/conftest.py` wraps `httpx.ASGITransport.handle_async_request`; a response on a documented path must
+`install` (called by `tests/conftest.py`) wraps httpx's ASGI transport (in-process apps) and its HTTP
+transports for loopback servers (`serve` subprocesses; their document is fetched once per origin through
+the same transport). A response on a documented path must
 have a documented status, content type, required headers and a body valid against the declared schema (the
 canonical components, validated with the same wire rules as `schemas/`). A method the document lacks on a
 documented path must answer 405 with `Allow`. So the document and the server cannot drift apart.
@@ -47,6 +49,98 @@ def documented(app: Any) -> str | None:
     """The app's OpenAPI document as JSON text, or None for an app without one."""
     openapi = getattr(app, "openapi", None)
     return None if openapi is None else json.dumps(openapi(), sort_keys=True)
+
+
+def covers(document_json: str, path: str) -> bool:
+    """True when `path` matches a path template of the document."""
+    return any(pattern.match(path) for pattern, _ in _compiled(document_json)[1])
+
+
+_LOOPBACK = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+_served: dict[str, str | None] = {}
+
+
+def forget_served() -> None:
+    """Drop the documents fetched from loopback servers (a later server may reuse a port)."""
+    _served.clear()
+
+
+def _origin(request: httpx.Request) -> str | None:
+    url = request.url
+    if url.host not in _LOOPBACK or url.path == "/openapi.json":
+        return None
+    return f"{url.scheme}://{url.host}:{url.port}"
+
+
+def _served_document(response: httpx.Response) -> str | None:
+    if response.status_code != 200:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return json.dumps(body, sort_keys=True) if isinstance(body, dict) and "openapi" in body else None
+
+
+def install(mismatches: list[str]) -> None:
+    """Wrap httpx's transports so that each answer is checked; findings also go to `mismatches`."""
+    asgi = httpx.ASGITransport.handle_async_request
+    if getattr(asgi, "_sensorium_checked", False):
+        return
+
+    def record(document: str, request: httpx.Request, response: httpx.Response) -> None:
+        try:
+            check(document, request, response)
+        except Mismatch as mismatch:
+            mismatches.append(str(mismatch))
+            raise
+
+    async def checked_asgi(self: httpx.ASGITransport, request: httpx.Request) -> httpx.Response:
+        response = await asgi(self, request)
+        document = documented(self.app)
+        if document is not None and covers(document, request.url.path):
+            await response.aread()
+            record(document, request, response)
+        return response
+
+    network_async = httpx.AsyncHTTPTransport.handle_async_request
+
+    async def checked_async(self: httpx.AsyncHTTPTransport, request: httpx.Request) -> httpx.Response:
+        response = await network_async(self, request)
+        origin = _origin(request)
+        if origin is None:
+            return response
+        if origin not in _served:
+            fetched = await network_async(self, httpx.Request("GET", origin + "/openapi.json"))
+            await fetched.aread()
+            _served[origin] = _served_document(fetched)
+        document = _served[origin]
+        if document is not None and covers(document, request.url.path):
+            await response.aread()
+            record(document, request, response)
+        return response
+
+    network_sync = httpx.HTTPTransport.handle_request
+
+    def checked_sync(self: httpx.HTTPTransport, request: httpx.Request) -> httpx.Response:
+        response = network_sync(self, request)
+        origin = _origin(request)
+        if origin is None:
+            return response
+        if origin not in _served:
+            fetched = network_sync(self, httpx.Request("GET", origin + "/openapi.json"))
+            fetched.read()
+            _served[origin] = _served_document(fetched)
+        document = _served[origin]
+        if document is not None and covers(document, request.url.path):
+            response.read()
+            record(document, request, response)
+        return response
+
+    checked_asgi._sensorium_checked = True  # type: ignore[attr-defined]
+    httpx.ASGITransport.handle_async_request = checked_asgi  # type: ignore[method-assign]
+    httpx.AsyncHTTPTransport.handle_async_request = checked_async  # type: ignore[method-assign]
+    httpx.HTTPTransport.handle_request = checked_sync  # type: ignore[method-assign]
 
 
 def check(document_json: str, request: httpx.Request, response: httpx.Response) -> None:
