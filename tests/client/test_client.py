@@ -8,11 +8,13 @@ from pathlib import Path
 
 import httpx
 import pytest
+from host import support as host_support
 from service.support import Harness, RecordingFactory, harness, scan_directive, straps
 
 from connector import client as api
 from connector.contract.models import (
     ConnectorDeferred,
+    DeferredOperation,
     DeferredOperationStatusV2,
     DeviceBinding,
     DiscoveryProgress,
@@ -187,3 +189,19 @@ async def test_retry_after_is_honoured_then_surfaced(tmp_path: Path) -> None:
             with pytest.raises(api.TooManyOperationsError) as busy:
                 await client.start(scan_directive(1))
         assert busy.value.retry_after_seconds == 7 and sleeps == [7]
+
+
+@pytest.mark.asyncio
+async def test_through_the_reference_host(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    tokens = host_support.add_principals(data)
+    async with host_support.host_app(data) as (assembled, _):
+        wire = httpx.ASGITransport(app=assembled.app)
+        async with api.ConnectorClient(
+            BASE, tokens.alice, transport=wire, directives_path="/v1/host/directives"
+        ) as client:
+            handle = await client.start(host_support.scan_directive(1))
+            assert isinstance(handle.document, DeferredOperation)
+            assert handle.status_path == f"/v1/host/operations/{handle.operation_id}"
+            final = [status async for status in client.watch(handle, wait_seconds=5)][-1]
+            assert isinstance(final, DeferredOperationStatusV2) and final.status == "completed"
