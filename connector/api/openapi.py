@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI
@@ -262,9 +262,11 @@ class Route:
     refusals: tuple[str, ...]
     body: str | None = None
     authenticated: bool = True
-    retry_after_on: frozenset[str] = field(default_factory=frozenset)
 
 
+# Any request can meet these: the body limit applies before routing (even to a GET with a body), and a
+# bug of ours answers 500 `internal`.
+ANY_ROUTE_REFUSALS = ("body-too-large", "internal")
 # Refusal codes that carry `Retry-After` (SPEC 2 step 9, 6.8).
 RETRY_AFTER_CODES = frozenset({"too-many-operations", "transport-claimed", "session-not-terminated"})
 
@@ -279,7 +281,7 @@ def _operation(route: Route) -> dict[str, Any]:
     for ok in route.oks:
         responses[str(ok.status)] = _ok_response(ok)
     by_status: dict[int, list[str]] = {}
-    for code in route.refusals:
+    for code in dict.fromkeys((*route.refusals, *ANY_ROUTE_REFUSALS)):
         by_status.setdefault(HTTP_STATUS_BY_CODE[code], []).append(code)
     for status, codes in sorted(by_status.items()):
         responses[str(status)] = _refusal(status, codes)
