@@ -204,6 +204,10 @@ async def test_no_response_echoes_a_planted_canary(tmp_path: Path, caplog: pytes
 async def test_any_route_refuses_an_oversized_body_as_documented(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory(), max_body_bytes=1024) as h:
         big = b"x" * 4096
-        for method, path in (("GET", "/v1/catalog"), ("POST", "/v1/operations/x/cancel"), ("GET", "/healthz")):
+        for method, path in (
+            ("GET", "/v1/catalog"),
+            ("POST", "/v1/operations/x/cancel"),
+            ("GET", "/healthz"),
+        ):
             response = await h.client.request(method, path, content=big, headers=h.auth("alice"))
             assert_error(response, 413, "body-too-large")  # the OpenAPI check also holds it to the document
