@@ -47,8 +47,15 @@ def _compiled(document_json: str) -> tuple[dict[str, Any], list[tuple[re.Pattern
 
 def documented(app: Any) -> str | None:
     """The app's OpenAPI document as JSON text, or None for an app without one."""
+    cached = getattr(app, "_sensorium_openapi_json", None)
+    if cached is not None:
+        return str(cached)
     openapi = getattr(app, "openapi", None)
-    return None if openapi is None else json.dumps(openapi(), sort_keys=True)
+    if openapi is None:
+        return None
+    text = json.dumps(openapi(), sort_keys=True)
+    app._sensorium_openapi_json = text  # built once per app, as the app builds its own once
+    return text
 
 
 def covers(document_json: str, path: str) -> bool:
