@@ -49,18 +49,21 @@ class Installed:
 
 def _tracked_tree(target: Path) -> None:
     """Copy what git tracks (plus new, not ignored files) - the tree a clean clone would build."""
-    listed = (
-        subprocess.run(
+    try:
+        listed = subprocess.run(
             ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True
-        )
-        .stdout.decode()
-        .split("\0")
-    )
-    for name in filter(None, listed):
+        ).stdout.decode()
+    except (OSError, subprocess.CalledProcessError):  # no git here (an unpacked source tree)
+        shutil.copytree(REPO, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
+        return
+    for name in filter(None, listed.split("\0")):
         source = REPO / name
         if source.is_file():
             (target / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(source, target / name)
+
+
+_NOT_SOURCE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".sensorium", ".*_cache")
 
 
 @pytest.fixture(scope="module")
