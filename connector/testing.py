@@ -17,7 +17,9 @@ OS-chosen port and a fresh data dir, creates a caller and an operator principal,
 `@pytest.mark.sensorium_connector(simulate=("ble",), replay={"mdns": "hw-fixtures/mdns-home-network.jsonl"})`
 to choose other backends. `start_connector(...)` is the same thing as a context manager.
 
-The client here is a thin httpx wrapper; it names routes and fields exactly as the connector's HTTP API does.
+`client()` hands back the typed async client (`connector.client.ConnectorClient`); `caller()` and
+`operator()` a thin synchronous httpx wrapper for suites without an event loop, and `sim(transport)` the
+`/v1/sim/...` routes.
 """
 
 from __future__ import annotations
@@ -33,12 +35,15 @@ from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 
 from connector.core.authority import make_grant
 from connector.storage.principals import add_principal
+
+if TYPE_CHECKING:
+    from connector.client import ConnectorClient as TypedClient
 
 SCAN_ACTION = "device.discovery.scan"
 TERMINAL = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
@@ -175,8 +180,17 @@ class MockConnector:
     _clients: list[ConnectorClient] = field(default_factory=list)
     _operator_http: httpx.Client | None = None
 
+    def client(self, token: str | None = None) -> TypedClient:
+        """The typed async client (`connector.client.ConnectorClient`), as the caller unless told otherwise.
+
+        Use it as `async with sensorium_connector.client() as client: ...`.
+        """
+        from connector.client import ConnectorClient as Typed
+
+        return Typed(self.base_url, token or self.caller_token, timeout_s=40.0)
+
     def caller(self) -> ConnectorClient:
-        """A client with the caller's token (granted every scan transport)."""
+        """A synchronous client with the caller's token (granted every scan transport)."""
         client = ConnectorClient(self.base_url, self.caller_token)
         self._clients.append(client)
         return client
@@ -214,8 +228,13 @@ class MockConnector:
 
 
 def default_catalog() -> tuple[Path, Path]:
-    """The example catalog and its trust directory of this checkout."""
-    return _CHECKOUT / "catalog" / "actions.json", _CHECKOUT / "catalog" / "trust"
+    """The example catalog and its trust directory: this checkout's, else the packaged ones."""
+    checkout = _CHECKOUT / "catalog" / "actions.json"
+    if checkout.is_file():
+        return checkout, _CHECKOUT / "catalog" / "trust"
+    from connector.resources import example_catalog, example_trust
+
+    return example_catalog(), example_trust()
 
 
 @contextmanager

@@ -107,10 +107,14 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print only the final v2 status on stdout")
     parser.add_argument(
-        "--catalog", type=Path, default=Path("catalog/actions.json"), metavar="PATH", help="signed catalog"
+        "--catalog",
+        type=Path,
+        default=None,
+        metavar="PATH",
+        help="signed catalog (default: catalog/actions.json here, else the packaged example)",
     )
     parser.add_argument(
-        "--trust", type=Path, default=Path("catalog/trust"), metavar="DIR", help="trusted operator keys"
+        "--trust", type=Path, default=None, metavar="DIR", help="operator keys (default: catalog/trust)"
     )
     parser.add_argument("--mdns-interfaces", type=_interfaces, metavar="IP[,IP...]")
     parser.set_defaults(handler=run)
@@ -185,10 +189,17 @@ def _explained(error: AdmissionError, args: argparse.Namespace) -> str:
 
 def _profile_or_none(args: argparse.Namespace) -> DiscoveryProfile | None:
     from connector.catalog.loader import load_verified_catalog
+    from connector.cli.catalog_source import CHECKOUT_CATALOG, CHECKOUT_TRUST
+    from connector.resources import example_catalog, example_trust
 
+    # The same choice as `catalog_with_fallback`, without repeating its notice on stderr.
+    if args.catalog is not None or CHECKOUT_CATALOG.is_file():
+        path, trust = args.catalog or CHECKOUT_CATALOG, args.trust or CHECKOUT_TRUST
+    else:
+        path, trust = example_catalog(), args.trust or example_trust()
     try:
         now = datetime.now(UTC)
-        catalog = load_verified_catalog(args.catalog, trust_dir=args.trust, data_dir=None, now=now)
+        catalog = load_verified_catalog(path, trust_dir=trust, data_dir=None, now=now)
         return catalog.discovery_profile(SCAN_ACTION)
     except SensoriumError:
         return None
@@ -203,6 +214,7 @@ def _reason(error: SensoriumError) -> str:
 def _plan(args: argparse.Namespace) -> ScanPlan:
     """Input from the flags, checked against the verified catalog's scan profile; the provider to use."""
     from connector.catalog.loader import load_verified_catalog
+    from connector.cli.catalog_source import catalog_with_fallback
     from connector.core.policy import DeferredHostPolicy
     from connector.core.scope import parse_discovery_input, scope_input_from_cli
     from providers.registry import build_provider
@@ -211,7 +223,8 @@ def _plan(args: argparse.Namespace) -> ScanPlan:
         args.transport, args.window, args.filter, args.exclude, args.max_candidates, args.adapter
     )
     now = datetime.now(UTC)
-    catalog = load_verified_catalog(args.catalog, trust_dir=args.trust, data_dir=None, now=now)
+    catalog_path, trust = catalog_with_fallback("scan", args.catalog, args.trust)
+    catalog = load_verified_catalog(catalog_path, trust_dir=trust, data_dir=None, now=now)
     profile = catalog.discovery_profile(SCAN_ACTION)
     scope = parse_discovery_input(raw, profile)
     provider = build_provider(

@@ -29,6 +29,23 @@ def test_a_simulated_strap_is_found(sensorium_connector):
     assert [c["label"] for c in status["result"]["candidates"]] == ["Strap"]
 
 
+@pytest.mark.anyio
+async def test_the_typed_client_watches_a_simulated_scan(sensorium_connector):
+    sensorium_connector.sim("mdns").add_device(
+        {"service_type": "_ipp._tcp.local.", "name": "Lab._ipp._tcp.local.", "port": 631}
+    )
+    directive = {
+        "schema": "sensorium-directive.v1",
+        "action_id": "device.discovery.scan",
+        "timing": {"mode": "async", "status_versions": [2]},
+        "input": {"transport": "mdns", "window_seconds": 1, "filters": {"service_types": ["_ipp._tcp"]}},
+    }
+    async with sensorium_connector.client() as client:
+        handle = await client.start(directive)
+        statuses = [status async for status in client.watch(handle)]
+    assert statuses[-1].status == "completed"
+
+
 @pytest.mark.sensorium_connector(simulate=None, replay={"mdns": "REPLAY"}, replay_speed=10.0)
 def test_replayed_devices(sensorium_connector):
     caller = sensorium_connector.caller()
@@ -55,4 +72,4 @@ def test_a_downstream_suite_gets_a_connector_and_a_client(tmp_path: Path) -> Non
         env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert "2 passed" in done.stdout
+    assert "3 passed" in done.stdout
