@@ -220,7 +220,32 @@ API_COMPONENTS: Mapping[str, Any] = {
         }
     ),
     "principal-revocation": _closed(
-        {"principal/id": _TEXT, "revoked_actions": {"type": "array", "items": _ref("common.defs.actionId")}}
+        {
+            "principal/id": _TEXT,
+            "revoked": {"enum": ["principal", "grant"]},
+            "action_id": _ref("common.defs.actionId"),
+            "revoked_actions": {"type": "array", "items": _ref("common.defs.actionId")},
+        },
+        required=("principal/id", "revoked", "revoked_actions"),
+    ),
+    # SPEC 13.1 (`serve --simulate` only): a device is one hw-fixtures line without `t_ms`.
+    "sim-device": {"type": "object", "description": "one SPEC 13 observation line without t_ms"},
+    "sim-id": _closed({"sim/id": {"type": "string", "minLength": 1}}),
+    "sim-adapter-request": {
+        "oneOf": [
+            _closed({"powered": {"type": "boolean"}}),
+            _closed({"restart": {"const": True}}),
+            _closed({"stop": {"enum": ["ack", "refuse", "stall"]}}),
+        ]
+    },
+    "sim-adapter-state": _closed(
+        {
+            "transport": _ref("common.defs.transport"),
+            "powered": {"type": "boolean"},
+            "stop": {"enum": ["ack", "refuse", "stall"]},
+            "devices": _COUNT,
+            "sessions": _COUNT,
+        }
     ),
     "health": _closed({"status": {"enum": ["ok", "starting"]}}),
     "operator-operation-list": _closed({"operations": {"type": "array", "items": _DURABLE_VIEW}}),

@@ -13,18 +13,28 @@ from fastapi import APIRouter, Request
 from starlette.responses import Response
 
 from connector.api.errors import JsonResponse, bearer_token, parse_json_body, to_response
+from connector.api.openapi import Ok, Route, declare
 from connector.core import authority
 from connector.core.authority import Principal
 from connector.errors import SensoriumError
 from connector.service.replies import error_reply
 from providers.simulated import SimulatedAdapter, Simulation, adapter_command, parse_device
 
-_ERROR = {"description": "a sensorium-error.v1 refusal"}
-_JSON_OBJECT: dict[str, Any] = {
-    "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
-}
-_SIM_ID = {"type": "object", "properties": {"sim/id": {"type": "string"}}, "required": ["sim/id"]}
-_SIM_ID_CONTENT = {"application/json": {"schema": _SIM_ID}}
+_AUTH = ("unauthenticated", "forbidden", "not-found")
+PUT_DEVICE = Route(
+    oks=(
+        Ok(200, ("sim-id",), description="the device updated (its identity was known)"),
+        Ok(201, ("sim-id",), description="the device appeared"),
+    ),
+    refusals=("invalid-json", *_AUTH, "invalid-input"),
+    body="sim-device",
+)
+REMOVE_DEVICE = Route(oks=(Ok(204, description="the device left"),), refusals=_AUTH)
+ADAPTER = Route(
+    oks=(Ok(200, ("sim-adapter-state",)),),
+    refusals=("invalid-json", *_AUTH, "invalid-input"),
+    body="sim-adapter-request",
+)
 
 
 def _not_found() -> SensoriumError:
@@ -43,19 +53,7 @@ def sim_router(simulation: Simulation, authenticate: Any) -> APIRouter:
             raise _not_found()
         return adapter
 
-    @router.post(
-        "/v1/sim/{transport}/devices",
-        openapi_extra=_JSON_OBJECT,
-        responses={
-            200: {"description": "the device was updated", "content": _SIM_ID_CONTENT},
-            201: {"description": "the device appeared", "content": _SIM_ID_CONTENT},
-            400: _ERROR,
-            401: _ERROR,
-            403: _ERROR,
-            404: _ERROR,
-            422: _ERROR,
-        },
-    )
+    @router.post("/v1/sim/{transport}/devices", **declare(PUT_DEVICE))
     async def put_device(request: Request, transport: str) -> Response:
         """A device appears (201) or, when its identity is known, updates (200)."""
         try:
@@ -66,11 +64,7 @@ def sim_router(simulation: Simulation, authenticate: Any) -> APIRouter:
             return to_response(error_reply(error))
         return JsonResponse({"sim/id": sim_id}, status_code=201 if created else 200)
 
-    @router.delete(
-        "/v1/sim/{transport}/devices/{sim_id}",
-        status_code=204,
-        responses={401: _ERROR, 403: _ERROR, 404: _ERROR},
-    )
+    @router.delete("/v1/sim/{transport}/devices/{sim_id}", status_code=204, **declare(REMOVE_DEVICE))
     async def remove_device(request: Request, transport: str, sim_id: str) -> Response:
         """The device leaves (a USB removal, an mDNS goodbye; a BLE device stops advertising)."""
         try:
@@ -80,11 +74,7 @@ def sim_router(simulation: Simulation, authenticate: Any) -> APIRouter:
             return to_response(error_reply(error))
         return Response(status_code=204)
 
-    @router.post(
-        "/v1/sim/{transport}/adapter",
-        openapi_extra=_JSON_OBJECT,
-        responses={400: _ERROR, 401: _ERROR, 403: _ERROR, 404: _ERROR, 422: _ERROR},
-    )
+    @router.post("/v1/sim/{transport}/adapter", **declare(ADAPTER))
     async def adapter_state(request: Request, transport: str) -> Response:
         """`{"powered": bool}`, `{"restart": true}` or `{"stop": "ack"|"refuse"|"stall"}`; the new state."""
         try:

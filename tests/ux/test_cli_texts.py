@@ -131,7 +131,7 @@ def test_scan_help_lists_filter_keys_forms_and_defaults(capsys: pytest.CaptureFi
     ):
         assert re.search(rf"^\s+{key}\s+\S", text, re.M), key
     assert "0x hex" in text and "2341:0043" in text and "180d" in text
-    assert "(default: 1.0)" in text and "(default: catalog/actions.json)" in text
+    assert "(default: 1.0)" in text and "(default: catalog/actions.json here" in text
     assert "--replay hw-fixtures/ble-heart-rate-lab.jsonl" in text
 
 
