@@ -1,12 +1,14 @@
 """Architecture figures of the source tree, printed as Markdown (the measures issue 12 asks for).
 
 Room order (inner to outer); an import from a room to a room of a higher level is an outward import:
-    0  errors                 (connector/errors.py: the error root every room shares)
+    0  errors, resources      (connector/errors.py, the error root; connector/resources.py, package data)
     1  contract
     2  core
-    3  runtime, storage, catalog, providers, actions
+    3  runtime, storage, catalog, providers, actions, telemetry
     4  host, service
-    5  api, bus, cli, __main__
+    5  api, bus, cli, client, testing, __main__
+(STYLE.md and docs/ARCHITECTURE.md: contract < core < runtime/storage/catalog/providers < host/service <
+api/bus/cli; a top-level module of connector/ is a room of its own; one not listed here counts as level 5.)
 Imports between two rooms of the same level are not outward, but a cycle of rooms is reported.
 Only the stdlib `ast` reads the code; nothing is imported or run, except the `duplicates` command when it
 is on PATH (on a temporary copy of the .py files of connector/ and providers/).
@@ -28,6 +30,7 @@ from pathlib import Path
 
 LEVELS: dict[str, int] = {
     "errors": 0,
+    "resources": 0,
     "contract": 1,
     "core": 2,
     "runtime": 3,
@@ -35,13 +38,17 @@ LEVELS: dict[str, int] = {
     "catalog": 3,
     "providers": 3,
     "actions": 3,
+    "telemetry": 3,
     "host": 4,
     "service": 4,
     "api": 5,
     "bus": 5,
     "cli": 5,
+    "client": 5,
+    "testing": 5,
     "__main__": 5,
 }
+OUTER = 5
 SWITCH_LITERALS = frozenset({"command", "discovery", "ble", "usb-serial", "mdns"})
 PRODUCTION = ("connector", "providers")
 
@@ -95,7 +102,7 @@ def room_of(module: str) -> str | None:
         return "providers"
     if parts[0] != "connector" or len(parts) < 2:
         return None
-    return parts[1] if parts[1] in LEVELS else None
+    return parts[1]
 
 
 def load_modules(root: Path) -> list[Module]:
@@ -109,7 +116,9 @@ def load_modules(root: Path) -> list[Module]:
                 parts.pop()
             name = ".".join(parts)
             room = room_of(name) or "connector"
-            package = "/".join(rel.parts[:2]) if top == "connector" and len(rel.parts) > 2 else top
+            package = (
+                f"{'/'.join(rel.parts[:2])}/" if top == "connector" and len(rel.parts) > 2 else f"{top}/"
+            )
             tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(rel))
             modules.append(Module(rel, name, room, package, tree))
     return modules
@@ -187,7 +196,7 @@ def import_edges(module: Module) -> list[Edge]:
             targets = [f"{base}.{alias.name}" if room_of(base) is None else base for alias in node.names]
         for target in dict.fromkeys(targets):
             room = room_of(target)
-            if room and room != module.room and module.room in LEVELS:
+            if room and room != module.room:
                 where = f"{module.path}:{node.lineno}"
                 edges.append(Edge(where, module.room, room, target, id(node) in lazy))
     return edges
@@ -243,7 +252,7 @@ def collect(root: Path) -> Metrics:
 
 def outward(edges: list[Edge]) -> list[Edge]:
     """The edges that point from an inner room to an outer one."""
-    return [e for e in edges if LEVELS[e.target] > LEVELS[e.source]]
+    return [e for e in edges if LEVELS.get(e.target, OUTER) > LEVELS.get(e.source, OUTER)]
 
 
 def room_cycles(edges: list[Edge]) -> list[list[str]]:

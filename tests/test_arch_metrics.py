@@ -69,9 +69,9 @@ def tree(tmp_path: Path) -> Path:
 
 def test_function_lengths_per_package(arch: ModuleType, tree: Path) -> None:
     metrics = arch.collect(tree)
-    assert metrics.function_lengths["connector/core"] == [5]
-    assert sorted(metrics.function_lengths["connector/api"]) == [3, 5]
-    assert metrics.function_lengths["providers"] == [1]
+    assert metrics.function_lengths["connector/core/"] == [5]
+    assert sorted(metrics.function_lengths["connector/api/"]) == [3, 5]
+    assert metrics.function_lengths["providers/"] == [1]
 
 
 def test_outward_import_and_cycle_found(arch: ModuleType, tree: Path) -> None:
@@ -104,7 +104,7 @@ def test_report_renders(arch: ModuleType, tree: Path) -> None:
     report = arch.render(arch.collect(tree), "skipped")
     assert "Outward imports: **1**" in report
     assert "Switch sites: **3** in 2 files" in report
-    assert "| connector/core | 1 | 5 | 5 | 5 |" in report
+    assert "| connector/core/ | 1 | 5 | 5 | 5 |" in report
 
 
 def test_duplicates_unavailable_without_command(
