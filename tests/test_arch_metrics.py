@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import shutil
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -112,3 +113,11 @@ def test_duplicates_unavailable_without_command(
 ) -> None:
     monkeypatch.setattr(arch.shutil, "which", lambda _name: None)
     assert arch.duplicates_pairs(tree).startswith("unavailable")
+
+
+@pytest.mark.skipif(shutil.which("duplicates") is None, reason="the duplicates command is not on PATH")
+def test_duplicates_counted_on_a_copy(arch: ModuleType, tree: Path) -> None:
+    body = "".join(f"    v{i} = {i} * x\n" for i in range(8))
+    for name in ("a", "b"):
+        _write(tree, f"providers/{name}.py", f"def {name}(x):\n{body}    return x\n")
+    assert arch.duplicates_pairs(tree).startswith("1 pairs")
