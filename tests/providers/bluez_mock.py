@@ -159,7 +159,13 @@ class BluezController:
         self._call("/", MOCK_IFACE, "AddObject", "ssa{sv}a(ssss)", path, DEVICE_IFACE, typed, [])
         added = dbus.Dictionary({DEVICE_IFACE: typed}, signature="sa{sv}")
         self._call(
-            "/", MOCK_IFACE, "EmitSignal", "sssav", OBJECT_MANAGER_IFACE, "InterfacesAdded", "oa{sa{sv}}",
+            "/",
+            MOCK_IFACE,
+            "EmitSignal",
+            "sssav",
+            OBJECT_MANAGER_IFACE,
+            "InterfacesAdded",
+            "oa{sa{sv}}",
             [dbus.ObjectPath(path), added],
         )
         return path
