@@ -28,7 +28,7 @@ import logging
 import math
 import socket
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from zeroconf import (
     BadTypeInNameException,
@@ -300,7 +300,7 @@ class MdnsSession:
         if instance.task is not None:
             instance.task.cancel()
         if instance.reported is not None:
-            self._deliver(MdnsObservation("remove", instance.service_type, instance.name))
+            self._deliver(replace(instance.reported, event="remove", ttl=None))
 
     # -- resolution ------------------------------------------------------------------------------------------
 
@@ -343,8 +343,8 @@ class MdnsSession:
             instance.skipped = True
         if instance.skipped or not srvs or ttl is None or info.port is None:
             if instance.skipped and instance.reported is not None:
+                self._deliver(replace(instance.reported, event="remove", ttl=None))
                 instance.reported = None
-                self._deliver(MdnsObservation("remove", instance.service_type, instance.name))
             return
         observation = MdnsObservation(
             event="add" if instance.reported is None else "update",
@@ -393,12 +393,4 @@ class MdnsSession:
 
 def _refreshed(observation: MdnsObservation, ttl: int) -> MdnsObservation:
     """The same instance seen again at a presence pass."""
-    return MdnsObservation(
-        event="update",
-        service_type=observation.service_type,
-        name=observation.name,
-        server=observation.server,
-        addresses=observation.addresses,
-        port=observation.port,
-        ttl=ttl,
-    )
+    return replace(observation, event="update", ttl=ttl)

@@ -26,7 +26,7 @@ def build_provider(
     replay: Path | None = None,
     replay_speed: float = 1.0,
     ble_adapter: str | None = None,
-    mdns_interfaces: Sequence[str] | None = None,
+    mdns_interfaces: Sequence[str] | str | None = None,
 ) -> Provider:
     """The provider for `transport`; raises ProviderUnavailable when its backend cannot be loaded."""
     if replay is not None:
@@ -42,13 +42,15 @@ def build_provider(
 
 
 def _options(
-    transport: str, ble_adapter: str | None, mdns_interfaces: Sequence[str] | None
+    transport: str, ble_adapter: str | None, mdns_interfaces: Sequence[str] | str | None
 ) -> dict[str, Any]:
     """Constructor options the real backend of `transport` takes."""
     if transport == "ble":
         return {"adapter": ble_adapter}
     if transport == "mdns":
-        return {"interfaces": list(mdns_interfaces) if mdns_interfaces is not None else None}
+        if mdns_interfaces is None or isinstance(mdns_interfaces, str):
+            return {"interfaces": mdns_interfaces}
+        return {"interfaces": list(mdns_interfaces)}
     return {}
 
 

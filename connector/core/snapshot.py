@@ -532,7 +532,7 @@ class CandidateTable:
 
 
 def transport_address(observation: Observation) -> str:
-    """The address a binding reveals: BLE address, the serial by-id link (else device path), or mDNS `ip:port`."""
+    """The address a binding reveals: BLE address, serial by-id link (else node), or mDNS `ip:port`."""
     if isinstance(observation, BleObservation):
         return observation.address
     if isinstance(observation, UsbObservation):
