@@ -7,7 +7,9 @@ every answer, leaves as a JSON line on stdout:
 - `{"cmd": "scan", "id", "types", "window_s", "ttl_s", "instance_prefix"?, "exclude_prefix"?}` ->
   `{"id", "t", "status"}` lines (the v2 status at each change) until the terminal one;
 - `{"cmd": "sniff", "ifname"}` starts counting outgoing mDNS questions on `ifname` (AF_PACKET);
-  `{"cmd": "questions"}` -> `{"questions": [[qtype, qname], ...]}`;
+  `{"cmd": "questions"}` -> `{"questions": [[qtype, qname], ...], "query_packets": n}`;
+- `{"cmd": "bare_browse", "types", "seconds"}`: a plain python-zeroconf `AsyncServiceBrowser` on the same
+  interfaces for `seconds` (the benchmark's reference) -> `{"bare_done": true}`;
 - `{"cmd": "quit"}`.
 """
 
@@ -47,6 +49,7 @@ class Sniffer:
         self._sock.bind((ifname, 0))
         self._sock.settimeout(0.2)
         self.questions: list[tuple[int, str]] = []
+        self.query_packets = 0
         self._running = True
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
@@ -66,6 +69,7 @@ class Sniffer:
                 continue
             message = DNSIncoming(payload)
             if message.is_query():
+                self.query_packets += 1
                 self.questions.extend((q.type, q.name.lower()) for q in message.questions)
 
     def close(self) -> None:
@@ -145,6 +149,24 @@ async def scan(manager: DiscoveryManager, provider: MdnsProvider, command: dict[
             return
 
 
+async def bare_browse(setting: str | None, command: dict[str, Any]) -> None:
+    """python-zeroconf's own ServiceBrowser schedule, nothing else, on the interfaces a session would use."""
+    from zeroconf import DNSQuestionType
+    from zeroconf.asyncio import AsyncServiceBrowser
+
+    from providers.mdns import open_engine
+    from providers.mdns_interfaces import check_setting, select_interfaces
+
+    azc = await open_engine(select_interfaces(check_setting(setting)))
+    browser = AsyncServiceBrowser(
+        azc.zeroconf, list(command["types"]), handlers=[lambda **_: None], question_type=DNSQuestionType.QM
+    )
+    await anyio.sleep(command["seconds"])
+    await browser.async_cancel()
+    await azc.async_close()
+    emit({"bare_done": True})
+
+
 async def main() -> None:
     setting = sys.argv[1] if len(sys.argv) > 1 and sys.argv[1] != "default" else None
     provider = MdnsProvider(interfaces=setting)
@@ -159,7 +181,14 @@ async def main() -> None:
                 sniffer = Sniffer(command["ifname"])
                 emit({"sniffing": True})
             elif command["cmd"] == "questions":
-                emit({"questions": [] if sniffer is None else sniffer.questions})
+                emit(
+                    {
+                        "questions": [] if sniffer is None else sniffer.questions,
+                        "query_packets": 0 if sniffer is None else sniffer.query_packets,
+                    }
+                )
+            elif command["cmd"] == "bare_browse":
+                scans.start_soon(bare_browse, setting, command)
             elif command["cmd"] == "quit":
                 break
         scans.cancel_scope.cancel()
