@@ -76,6 +76,9 @@ class SessionView:
     # Time of the last lifecycle change (status, cancellation, cleanup, erasure). Unlike `updated_at_ms` it
     # does not move with revision cuts, whose timing follows the devices seen (SPEC 7: not durable).
     state_changed_at_ms: int | None = None
+    # A provider's fixed one-line reason for not starting (never device data), shown instead of the
+    # code's generic message; durable metadata keeps the code only.
+    error_detail: str | None = None
 
 
 def _delivers_candidates(view: SessionView) -> bool:
@@ -118,7 +121,8 @@ def _result(view: SessionView) -> dict[str, Any]:
 
 def _error(view: SessionView) -> dict[str, str]:
     code = view.error_code or DEFAULT_ERROR_CODE[view.status]
-    return {"code": code, "message": ERROR_MESSAGES.get(code, "the operation did not complete")}
+    message = view.error_detail or ERROR_MESSAGES.get(code, "the operation did not complete")
+    return {"code": code, "message": message}
 
 
 def _cancellation(view: SessionView) -> dict[str, Any] | None:

@@ -306,5 +306,8 @@ async def test_no_multicast_capable_interface_fails_provider_unavailable(tmp_pat
     finally:
         lab.close()
     assert final["status"] == "failed"
-    assert final["error"]["code"] == "provider-unavailable"
+    assert final["error"] == {
+        "code": "provider-unavailable",
+        "message": "no multicast-capable interface on the default route",
+    }
     assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
