@@ -146,6 +146,25 @@ async def test_no_multicast_capable_interface_is_provider_unavailable(
         assert refused.value.message.startswith("no multicast-capable interface")
 
 
+@pytest.mark.asyncio
+async def test_the_interfaces_are_chosen_again_at_every_session_start(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    choices: list[object] = []
+    real_select = mdns_module.select_interfaces
+
+    def recording_select(setting: Any) -> Any:
+        choices.append(setting)
+        return real_select(setting)
+
+    monkeypatch.setattr(mdns_module, "select_interfaces", recording_select)
+    mdns = provider()
+    for _ in range(2):
+        session = await mdns.start(mdns_scope(SENSORS), RecordingSink())
+        await session.stop()
+    assert choices == [("127.0.0.1",), ("127.0.0.1",)]
+
+
 # -- what a session reports ----------------------------------------------------------------------------------
 
 
