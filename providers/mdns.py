@@ -278,8 +278,8 @@ class MdnsSession:
         instance = self._tracked.get(key)
         if instance is None:
             self._consider(service_type, name)
-        elif state_change is ServiceStateChange.Updated and instance.reported is not None:
-            self._refresh_details(instance)
+        elif state_change is ServiceStateChange.Updated and instance.task is None:
+            self._refresh_details(instance)  # an SRV that came late, or a changed one
 
     def _consider(self, service_type: str, name: str) -> None:
         """Track a new in-scope instance and resolve it; out-of-scope names are forgotten at once."""

@@ -242,6 +242,28 @@ async def test_a_ptr_without_an_srv_answer_is_never_reported(responder: Responde
 
 
 @pytest.mark.asyncio
+async def test_a_record_update_after_the_goodbye_does_not_bring_the_instance_back(
+    responder: Responder,
+) -> None:
+    # python-zeroconf#1048: the browser reports Updated after Removed when an SRV arrives after the goodbye.
+    name = f"{run_instance('late-srv')}.{SENSORS}"
+    sink = RecordingSink()
+    session = await provider(presence_interval_s=0.2).start(mdns_scope(SENSORS), sink)
+    try:
+        await asyncio.sleep(0.2)
+        responder.announce([ptr(SENSORS, name), srv(name, 1111, "late.local.")])
+        await sink.wait_for(lambda o: o.name == name and o.event == "add")
+        responder.announce([ptr(SENSORS, name, ttl=0)])  # goodbye
+        await sink.wait_for(lambda o: o.name == name and o.event == "remove")
+        removed_at = len(sink.mdns)
+        responder.announce([srv(name, 2222, "late.local.")])
+        await asyncio.sleep(1.0)
+    finally:
+        await session.stop()
+    assert [o for o in sink.mdns[removed_at:] if o.name == name] == []
+
+
+@pytest.mark.asyncio
 async def test_malformed_names_and_colliding_srvs_are_skipped_without_a_crash(responder: Responder) -> None:
     good = run_instance("good")
     await responder.register(SENSORS, good, {"k": "v"})
