@@ -234,27 +234,31 @@ class MdnsSession:
         self._closed = True
         try:
             async with asyncio.timeout(self._scope.cleanup_timeout_ms / 1000):
-                await self._stop_backend()
+                refusal = await self._stop_backend()
         except TimeoutError:
             raise StopUnconfirmed("mdns session did not stop within the cleanup timeout") from None
-        except (ZeroconfError, OSError):
-            raise StopUnconfirmed("mdns session refused to stop") from None
+        if refusal is not None:
+            raise StopUnconfirmed("mdns session refused to stop")
         self._confirmed = True
         self._on_stopped(self)
 
-    async def _stop_backend(self) -> None:
-        """Presence pass and resolutions ended, browser cancelled, engine closed, every socket closed."""
+    async def _stop_backend(self) -> str | None:
+        """One attempt (the shape of the shared base's): None once every task and socket is gone."""
         tasks = [t for t in (self._presence, *(i.task for i in self._tracked.values())) if t is not None]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
-        if self._browser is not None and not self._browser.done:
-            await self._browser.async_cancel()
-        if not self._zc.done:
-            await self._azc.async_close()
+        try:
+            if self._browser is not None and not self._browser.done:
+                await self._browser.async_cancel()
+            if not self._zc.done:
+                await self._azc.async_close()
+        except (ZeroconfError, OSError):
+            return "mdns-engine-refused"
         while any(sock.fileno() != -1 for sock in self._sockets):
             await asyncio.sleep(0.005)
         self._tracked.clear()
+        return None
 
     # -- delivery --------------------------------------------------------------------------------------------
 

@@ -181,12 +181,13 @@ class SerialSession:
             raise StopUnconfirmed("usb enumeration worker did not stop within the cleanup timeout")
         self._confirmed = True
 
-    async def _stop_backend(self) -> None:
-        """Signal the worker and wait until its thread has ended."""
+    async def _stop_backend(self) -> str | None:
+        """One attempt (the shape of the shared base's): signal the worker, None once its thread ended."""
         self._halt.set()
         await self._exited.wait()
         while self._thread.is_alive():  # setting `_exited` is the worker's last step
             await anyio.sleep(0.001)
+        return None
 
     def _run(self) -> None:
         """Worker body: poll until halted, then tell the loop that the worker is done."""
