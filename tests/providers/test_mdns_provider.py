@@ -322,6 +322,31 @@ async def test_a_flood_of_5000_instances_keeps_the_session_bounded(responder: Re
     assert after - before < 16 * 1024 * 1024 and peak - before < 24 * 1024 * 1024
 
 
+@pytest.mark.asyncio
+async def test_an_instance_left_out_for_lack_of_room_is_taken_in_once_a_slot_frees(
+    responder: Responder,
+) -> None:
+    names = [f"{run_instance(f'slot{n}')}.{SENSORS}" for n in range(3)]
+    sink = RecordingSink()
+    session = await provider(presence_interval_s=0.2).start(mdns_scope(SENSORS, max_candidates=1), sink)
+    assert isinstance(session, MdnsSession)
+    try:
+        await asyncio.sleep(0.2)
+        responder.announce(
+            [record for name in names for record in (ptr(SENSORS, name), srv(name, 80, "s.local."))]
+        )
+        async with asyncio.timeout(5):
+            while len({o.name for o in sink.mdns}) < 2:
+                await asyncio.sleep(0.02)
+        assert session.tracked_count == 2  # max_candidates + 1
+        first_two = {o.name for o in sink.mdns}
+        [left_out] = set(names) - first_two
+        responder.announce([ptr(SENSORS, sorted(first_two)[0], ttl=0)])  # one of them says goodbye
+        await sink.wait_for(lambda o: o.name == left_out and o.event == "add")
+    finally:
+        await session.stop()
+
+
 # -- the stop contract ---------------------------------------------------------------------------------------
 
 
