@@ -18,6 +18,7 @@ from typing import Any
 import anyio
 from anyio.abc import TaskGroup
 
+from connector.core.endings import StopResult
 from connector.core.ids import opaque_id
 from connector.core.lifecycle import INTERRUPTED_BY_RESTART, Status
 from connector.core.projections import caller_status_v2, durable_metadata
@@ -131,9 +132,14 @@ class DiscoveryManager:
         existing = self._sessions.get(operation_id)
         if existing is not None:
             return SessionHandle(existing)
+        self._require_open()
+        adapter = await resolved_adapter(provider, scope)
+        existing = self._sessions.get(operation_id)
+        if existing is not None:  # the same operation was started while the adapter was being resolved
+            return SessionHandle(existing)
         task_group = self._require_open()
         claim = self.claims.acquire(
-            claim_key(scope.transport, scope.adapter),
+            claim_key(scope.transport, adapter),
             operation_id=operation_id,
             concurrent=provider.capabilities.concurrent_sessions,
             now_ms=now_ms,
@@ -179,9 +185,10 @@ class DiscoveryManager:
         delay = self._retry_initial_s
         while True:
             await anyio.sleep(delay)
-            if await session.stop_provider():
+            result = await session.stop_provider()
+            if result is not StopResult.UNCERTAIN:
                 self.claims.release(session.claim)
-                session.cleanup_acknowledged_late()
+                session.cleanup_confirmed_late(result)
                 return
             delay = min(delay * 2, self._retry_max_s)
 
@@ -284,6 +291,15 @@ class DiscoveryManager:
         with anyio.move_on_after(timeout_s):
             await session.finished.wait()
         return self.status(operation_id)
+
+
+async def resolved_adapter(provider: Provider, scope: DiscoveryScope) -> str | None:
+    """The adapter the claim is keyed by: the provider's resolution when it has one, else the named one."""
+    resolve = getattr(provider, "resolve_adapter", None)
+    if resolve is None:
+        return scope.adapter
+    adapter: str | None = await resolve(scope)
+    return adapter
 
 
 def _candidate_refs(document: Mapping[str, Any]) -> Iterator[str]:
