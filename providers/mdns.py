@@ -43,9 +43,9 @@ from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZerocon
 from zeroconf.const import _CLASS_IN, _TYPE_PTR, _TYPE_SRV
 
 from connector.core.observations import MdnsObservation
-from connector.core.scope import DiscoveryScope, normalise_service_type, scope_matcher
+from connector.core.scope import DiscoveryScope, normalise_service_type
 from connector.errors import ProviderError, ProviderUnavailable, StopUnconfirmed
-from providers.base import ObservationSink, ProviderCapabilities
+from providers.base import BaseSession, ObservationSink, ProviderCapabilities, StopOutcome
 from providers.mdns_interfaces import (
     InterfaceSetting,
     NoMulticastInterface,
@@ -183,8 +183,11 @@ def engine_sockets(azc: AsyncZeroconf) -> list[socket.socket]:
     return found
 
 
-class MdnsSession:
+class MdnsSession(BaseSession):
     """One engine, its browser, the presence pass and the resolutions; `stop()` returns once all are gone."""
+
+    # A stalled engine close is dropped and a later stop() starts afresh (nothing outside can answer it).
+    rejoin_stalled_attempt = False
 
     def __init__(
         self,
@@ -195,11 +198,9 @@ class MdnsSession:
         presence_interval_s: float,
         on_stopped: Callable[[MdnsSession], None],
     ) -> None:
+        super().__init__(scope, sink)
         self._azc = azc
         self._zc = azc.zeroconf
-        self._scope = scope
-        self._sink = sink
-        self._in_scope = scope_matcher(scope)
         self._resolve_timeout_ms = resolve_timeout_ms
         self._presence_interval_s = presence_interval_s
         self._on_stopped = on_stopped
@@ -210,8 +211,6 @@ class MdnsSession:
         self._browser: AsyncServiceBrowser | None = None
         self._presence: asyncio.Task[None] | None = None
         self._sockets = engine_sockets(azc)
-        self._closed = False  # nothing reaches the sink once stop() began
-        self._confirmed = False
 
     @property
     def tracked_count(self) -> int:
@@ -219,7 +218,9 @@ class MdnsSession:
         return len(self._tracked)
 
     def start(self) -> None:
-        """Create the browser (it starts querying at once) and the presence pass."""
+        """Open the gate, then create the browser (it starts querying at once) and the presence pass."""
+        # First: the browser reports what the session's engine already overheard while it was created.
+        self.opened()
         self._browser = AsyncServiceBrowser(
             self._zc, self._types, handlers=[self._on_change], question_type=DNSQuestionType.QM
         )
@@ -227,20 +228,11 @@ class MdnsSession:
 
     # -- stop ------------------------------------------------------------------------------------------------
 
-    async def stop(self) -> None:
-        """Stop the backend within the cleanup timeout; acknowledged once its tasks and sockets are gone."""
-        if self._confirmed:
-            return
-        self._closed = True
-        try:
-            async with asyncio.timeout(self._scope.cleanup_timeout_ms / 1000):
-                refusal = await self._stop_backend()
-        except TimeoutError:
-            raise StopUnconfirmed("mdns session did not stop within the cleanup timeout") from None
-        if refusal is not None:
-            raise StopUnconfirmed("mdns session refused to stop")
-        self._confirmed = True
+    async def stop(self) -> StopOutcome:
+        """The base's bounded stop; a confirmed session leaves its provider's list."""
+        outcome = await super().stop()
         self._on_stopped(self)
+        return outcome
 
     async def _stop_backend(self) -> str | None:
         """One attempt (the shape of the shared base's): None once every task and socket is gone."""
@@ -262,18 +254,13 @@ class MdnsSession:
 
     # -- delivery --------------------------------------------------------------------------------------------
 
-    def _deliver(self, observation: MdnsObservation) -> None:
-        """Hand an observation to the sink, re-filtered, unless the session is stopping."""
-        if not self._closed and self._in_scope(observation):
-            self._sink.observe(observation)
-
     # -- browser callbacks -----------------------------------------------------------------------------------
 
     def _on_change(
         self, zeroconf: Zeroconf, service_type: str, name: str, state_change: ServiceStateChange
     ) -> None:
         """Browser callback (event loop thread): the cache already holds the batch's records."""
-        if self._closed:
+        if not self.is_open:
             return
         key = name.lower()
         if state_change is ServiceStateChange.Removed:
@@ -304,7 +291,7 @@ class MdnsSession:
         if instance.task is not None:
             instance.task.cancel()
         if instance.reported is not None:
-            self._deliver(replace(instance.reported, event="remove", ttl=None))
+            self.deliver(replace(instance.reported, event="remove", ttl=None))
 
     # -- resolution ------------------------------------------------------------------------------------------
 
@@ -347,7 +334,7 @@ class MdnsSession:
             instance.skipped = True
         if instance.skipped or not srvs or ttl is None or info.port is None:
             if instance.skipped and instance.reported is not None:
-                self._deliver(replace(instance.reported, event="remove", ttl=None))
+                self.deliver(replace(instance.reported, event="remove", ttl=None))
                 instance.reported = None
             return
         observation = MdnsObservation(
@@ -360,7 +347,7 @@ class MdnsSession:
             ttl=ttl,
         )
         instance.reported = observation
-        self._deliver(observation)
+        self.deliver(observation)
 
     # -- presence --------------------------------------------------------------------------------------------
 
@@ -378,7 +365,7 @@ class MdnsSession:
                 self._drop(key)
             elif instance.reported is not None:
                 instance.reported = _refreshed(instance.reported, ttl)
-                self._deliver(instance.reported)
+                self.deliver(instance.reported)
             elif instance.task is None and not instance.skipped and now_ms >= instance.next_try_ms:
                 self._resolve_soon(instance)
         if self._overflowed and len(self._tracked) < self._cap:

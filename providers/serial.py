@@ -25,9 +25,9 @@ import anyio.lowlevel
 from serial.tools import list_ports
 
 from connector.core.observations import UsbObservation
-from connector.core.scope import DiscoveryScope, matches_scope, scope_matcher
-from connector.errors import ProviderError, StopUnconfirmed
-from providers.base import ObservationSink, ProviderCapabilities
+from connector.core.scope import DiscoveryScope, matches_scope
+from connector.errors import ProviderError
+from providers.base import BaseSession, ObservationSink, ProviderCapabilities
 
 MAX_POLL_INTERVAL_S = 1.0  # SPEC 6.5: enumeration passes at most 1 s apart
 MAX_FAILED_PASSES = 3  # SPEC 6.5: consecutive failed passes that end a session
@@ -148,38 +148,24 @@ class SerialProvider:
 Enumeration = Callable[[], tuple[Iterable[PortInfo], Mapping[str, str]]]
 
 
-class SerialSession:
+class SerialSession(BaseSession):
     """One enumeration worker; `stop()` returns once the worker thread has been joined."""
 
     def __init__(
         self, scope: DiscoveryScope, sink: ObservationSink, enumerate_ports: Enumeration, interval_s: float
     ) -> None:
-        self._scope = scope
-        self._sink = sink
-        self._in_scope = scope_matcher(scope)
+        super().__init__(scope, sink)
         self._enumerate_ports = enumerate_ports
         self._interval_s = interval_s
         self._token = anyio.lowlevel.current_token()
         self._halt = threading.Event()
         self._exited = anyio.Event()
-        self._closed = False  # loop-thread flag: nothing reaches the sink once stop() began
-        self._confirmed = False
         self._thread = threading.Thread(target=self._run, name="sensorium-usb-enumeration", daemon=True)
 
     def start(self) -> None:
         """Launch the worker thread."""
+        self.opened()
         self._thread.start()
-
-    async def stop(self) -> None:
-        """Close the delivery gate, then stop the backend within the scope's cleanup timeout."""
-        if self._confirmed:
-            return
-        self._closed = True
-        with anyio.move_on_after(self._scope.cleanup_timeout_ms / 1000):
-            await self._stop_backend()
-        if self._thread.is_alive():
-            raise StopUnconfirmed("usb enumeration worker did not stop within the cleanup timeout")
-        self._confirmed = True
 
     async def _stop_backend(self) -> str | None:
         """One attempt (the shape of the shared base's): signal the worker, None once its thread ended."""
@@ -223,7 +209,7 @@ class SerialSession:
         """One enumeration pass diffed against `previous`, or None when the pass failed."""
         try:
             ports, links = self._enumerate_ports()
-            return enumeration_pass(self._scope, ports, previous, links)
+            return enumeration_pass(self.scope, ports, previous, links)
         except Exception:  # dropped here with the driver's (device-bearing) text
             return None
 
@@ -231,17 +217,9 @@ class SerialSession:
         """Tell the sink that enumeration failed (from the worker)."""
         error = ProviderError("usb enumeration failed")
         with contextlib.suppress(anyio.RunFinishedError):
-            anyio.from_thread.run_sync(self._fail, error, token=self._token)
+            anyio.from_thread.run_sync(self.fail, error, token=self._token)
 
     def _deliver(self, batch: Sequence[UsbObservation]) -> None:
         """Hand one pass to the sink, re-filtered, unless the session is stopping (loop thread)."""
         for observation in batch:
-            if self._closed:
-                return
-            if self._in_scope(observation):
-                self._sink.observe(observation)
-
-    def _fail(self, error: ProviderError) -> None:
-        """Report a backend failure to the sink unless the session is already stopping (loop thread)."""
-        if not self._closed:
-            self._sink.fail(error)
+            self.deliver(observation)
