@@ -92,8 +92,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--mdns-interfaces",
         default=None,
-        metavar="IP[,IP...]",
-        help="interfaces mDNS queries go to (default: the interface of the default route)",
+        metavar="IP[,IP...]|all",
+        help="interfaces mDNS queries go to, or all (default: the interface of the default route)",
     )
     parser.add_argument(
         "--ble-adapter",
@@ -137,7 +137,7 @@ def _fixture_reason(path: str, error: FixtureError) -> str:
 
 def config_from(args: argparse.Namespace) -> ConnectorConfig:
     """The process configuration from parsed arguments."""
-    interfaces = [ip for ip in args.mdns_interfaces.split(",") if ip] if args.mdns_interfaces else None
+    interfaces = None if args.mdns_interfaces is None else _mdns_interfaces(args.mdns_interfaces)
     if args.replay_speed <= 0:
         raise ValueError("--replay-speed must be greater than 0")
     replays = parse_replays(args.replay)
@@ -157,6 +157,16 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
         nats_url=None if args.nats is None else check_broker_url(args.nats),
         nats_service=_nats_service(args.nats_service),
     )
+
+
+def _mdns_interfaces(text: str) -> tuple[str, ...] | str:
+    """`IP[,IP...]` or `all`; ValueError with a one-line reason otherwise."""
+    from providers.mdns_interfaces import parse_setting
+
+    try:
+        return parse_setting(text)
+    except ValueError:
+        raise ValueError("--mdns-interfaces takes IP addresses separated by commas, or all") from None
 
 
 def _nats_service(name: str) -> str:
