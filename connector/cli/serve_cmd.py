@@ -141,7 +141,8 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
     if args.replay_speed <= 0:
         raise ValueError("--replay-speed must be greater than 0")
     replays = parse_replays(args.replay)
-    simulate = () if args.simulate is None else parse_simulate(args.simulate)
+    chosen = getattr(args, "simulate", None)  # namespaces built by hand may predate the flag
+    simulate = () if chosen is None else parse_simulate(chosen)
     both = sorted(set(replays) & set(simulate))
     if both:
         raise ValueError(f"--replay and --simulate both name {', '.join(both)}: choose one per transport")
