@@ -271,6 +271,12 @@ class CommandRunner:
         self._jobs: dict[str, _Job] = {}
         self._task_group: TaskGroup | None = None
         self._closing = False
+        self._ended_listeners: list[Callable[[str], None]] = []
+
+    def add_ended_listener(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call `listener(operation_id)` once a submitted operation's work ended; returns an undo."""
+        self._ended_listeners.append(listener)
+        return lambda: self._ended_listeners.remove(listener)
 
     async def __aenter__(self) -> CommandRunner:
         self._task_group = await anyio.create_task_group().__aenter__()
@@ -413,6 +419,8 @@ class CommandRunner:
         finally:
             job.done.set()
             self._jobs.pop(operation.operation_id, None)
+            for listener in list(self._ended_listeners):
+                listener(operation.operation_id)
 
     async def _queue_and_run(
         self, operation: CommandOperation, job: _Job
