@@ -517,6 +517,8 @@ class DeferredRegistry:
             metadata = {**record.metadata, "status": Status.FAILED.value}
             metadata["error_code"] = INTERRUPTED_BY_RESTART
             metadata.pop("retry_after_seconds", None)
+            if "scope" in metadata:  # SPEC 6.7: a restart ends every claim; the old sessions died with it
+                metadata["cleanup"] = {"state": "confirmed", "claim": "released"}
             marked.append(
                 await self.record_status(
                     record.operation_id,

@@ -90,7 +90,8 @@ async def test_no_digest_or_key_is_stored_for_discovery(tmp_path: Path) -> None:
         assert query(h.data_dir, "SELECT operation_id FROM discovery_operations") == [(op_id,)]
         stored = files_bytes(h.data_dir)
         fingerprint = directive_fingerprint(directive)
-        for needle in (fingerprint, fingerprint.hex().encode(), b"persist-nothing", b"strap-0", b"02:00:00:00:00:00"):
+        device = (b"strap-0", b"02:00:00:00:00:00")
+        for needle in (fingerprint, fingerprint.hex().encode(), b"persist-nothing", *device):
             assert needle not in stored
 
 

@@ -24,7 +24,6 @@ from service.support import (
     STUBBORN,
     TERMINAL,
     add_test_principals,
-    assert_error,
     assert_valid,
     candidates_of,
     command_directive,
