@@ -18,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from connector.errors import CatalogError
+from connector.storage.files import make_private_dir
 
 STATE_FILE = "catalog-state.json"
 LOCK_FILE = "catalog-state.lock"
@@ -49,7 +50,7 @@ def highest_recorded_version(data_dir: Path) -> int | None:
 
 def record_accepted_version(data_dir: Path, catalog_id: str, version: int) -> int:
     """Raise the floor of `catalog_id` to `version` (never lower it); answer the floor now recorded."""
-    data_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dir(data_dir)
     with _locked(data_dir):
         versions = dict(read_accepted_versions(data_dir))
         floor = max(version, versions.get(catalog_id, version))

@@ -21,6 +21,7 @@ from connector.cli.main import EXIT_OK, EXIT_USAGE, usage_error
 from connector.errors import CatalogError
 from connector.host.routes import host_router
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
+from connector.storage.files import make_private_dir
 
 _log = logging.getLogger("sensorium.serve")
 
@@ -117,7 +118,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(config.data_dir)
     async with assemble(config, routers=extra_routers) as assembled:
         host, port = listener.getsockname()[:2]
         server = _Server(uvicorn.Config(assembled.app, log_level="warning", lifespan="off"))
