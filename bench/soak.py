@@ -144,6 +144,19 @@ async def start_serve(argv: list[str], log: Path) -> tuple[subprocess.Popen[byte
     raise SystemExit("serve did not report its URL in time")
 
 
+async def request(method: Any, path: str, **kwargs: Any) -> httpx.Response:
+    """One request; a kept-alive connection the server closed meanwhile is retried once on a new one."""
+    try:
+        response: httpx.Response = await method(path, **kwargs)
+    except httpx.TransportError:
+        RETRIES[0] += 1
+        response = await method(path, **kwargs)
+    return response
+
+
+RETRIES = [0]
+
+
 async def soak(args: argparse.Namespace, url: str, pid: int, tokens: list[str]) -> list[Block]:
     """Run the workers; sample RSS at each block boundary (by admitted count, once its scans ended)."""
     blocks = [Block() for _ in range((args.operations + args.block - 1) // args.block)]
@@ -156,7 +169,7 @@ async def soak(args: argparse.Namespace, url: str, pid: int, tokens: list[str]) 
             block = blocks[number // args.block]
             headers = {"Authorization": f"Bearer {tokens[number % len(tokens)]}"}
             started = time.perf_counter()
-            answer = await client.post("/v1/directives", json=scan_directive(), headers=headers)
+            answer = await request(client.post, "/v1/directives", json=scan_directive(), headers=headers)
             block.admit.append(time.perf_counter() - started)
             if answer.status_code != 202:
                 block.failures += 1
@@ -165,7 +178,7 @@ async def soak(args: argparse.Namespace, url: str, pid: int, tokens: list[str]) 
             await asyncio.sleep(1.0)
             while True:
                 started = time.perf_counter()
-                status = await client.get(location, headers=headers)
+                status = await request(client.get, location, headers=headers)
                 block.status.append(time.perf_counter() - started)
                 if status.status_code != 200:
                     block.failures += 1
@@ -212,7 +225,8 @@ def report(args: argparse.Namespace, blocks: list[Block], settled_kib: int, seco
     rss = last.rss_kib / first.rss_kib
     admit = percentile(last.admit, 99) / percentile(first.admit, 99)
     status = percentile(last.status, 99) / percentile(first.status, 99)
-    print(f"\nRSS after the results' retention: {settled_kib / 1024:.1f} MiB")
+    print(f"\nconnection retries: {RETRIES[0]}")
+    print(f"RSS after the results' retention: {settled_kib / 1024:.1f} MiB")
     print(f"RSS last block / first block: {rss:.3f} (target <= {RSS_TARGET})")
     print(f"admission p99 last / first: {admit:.2f} (target <= {P99_TARGET})")
     print(f"status p99 last / first: {status:.2f} (target <= {P99_TARGET})")
