@@ -35,7 +35,8 @@ from typing import Any
 
 import aiosqlite
 
-# The repo root instead of this folder: `bench/http.py` would shadow the standard library's `http`.
+# The repo root instead of this folder: a script named after a stdlib module would shadow it
+# (as `bench/http.py` once shadowed `http`).
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.pop(1)  # run as `python bench/registry.py`, entry 1 is this folder
 

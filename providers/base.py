@@ -1,19 +1,43 @@
 """The provider seam: one small interface per transport, shaped like bleak's backends.
 
 A provider starts one session per admitted scope and pushes observations into a sink. `stop()` is
-idempotent and returns only once the backend acknowledged that *this* session ended; it raises
-`StopUnconfirmed` when the backend refused. The runtime bounds it with the profile's cleanup timeout.
-Driver errors are translated here, at the edge, into `connector.errors.ProviderError` subclasses.
+idempotent and returns only once *this* session ended: acknowledged by the backend, or proven by a
+qualified proof (SPEC 6.7); it raises `StopUnconfirmed` otherwise. Driver errors are translated at the edge
+into `connector.errors.ProviderError` subclasses.
+
+`BaseSession` is what every backend shares, as bleak's `BaseBleakScanner` is for its backends: the
+closed/confirmed gate, the compiled scope re-filter, and the one owner of the cleanup bound. A backend
+translates native data into observations (`deliver`), reports failures (`fail`) and implements its own stop
+(`_stop_backend`, and `_prove_stopped` where it has a second kind of confirmation).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Protocol
 
 from connector.core.observations import Observation, Transport
-from connector.core.scope import DiscoveryScope
-from connector.errors import ProviderError
+from connector.core.scope import DiscoveryScope, scope_matcher
+from connector.errors import ProviderError, StopUnconfirmed
+
+# A qualified proof (SPEC 6.7) takes at most this long beyond the cleanup bound.
+PROOF_BOUND_MS = 1000
+
+
+class StopOutcome(StrEnum):
+    """How a stop ended this session: the backend said so, or a qualified proof showed it."""
+
+    ACKNOWLEDGED = "acknowledged"
+    PROVEN = "proven"
+
+
+def stop_bound_ms(scope: DiscoveryScope) -> int:
+    """The longest a `BaseSession.stop()` takes: the cleanup bound plus the proof."""
+    return scope.cleanup_timeout_ms + PROOF_BOUND_MS
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,8 +64,8 @@ class ObservationSink(Protocol):
 class ProviderSession(Protocol):
     """One running backend session."""
 
-    async def stop(self) -> None:
-        """Stop this session; return only after the backend acknowledged. Idempotent."""
+    async def stop(self) -> StopOutcome | None:
+        """Stop this session; return only once it ended (None counts as acknowledged). Idempotent."""
 
 
 class Provider(Protocol):
@@ -53,3 +77,95 @@ class Provider(Protocol):
 
     async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> ProviderSession:
         """Start a session for `scope`; raise `ProviderError` when it cannot start."""
+
+
+class BaseSession(ABC):
+    """The shared part of a provider session: gate, scope re-filter, bounded and idempotent stop."""
+
+    # True: a stop() that finds an earlier attempt still running waits for that one (BlueZ may still
+    # answer it); False: each stop() starts a fresh attempt and drops a stalled one.
+    rejoin_stalled_attempt = True
+
+    def __init__(self, scope: DiscoveryScope, sink: ObservationSink) -> None:
+        self.scope = scope
+        self._sink = sink
+        # The same rule as `matches_scope`, compiled once: it runs for every observation.
+        self._in_scope = scope_matcher(scope)
+        self._open = False
+        self._outcome: StopOutcome | None = None
+        self._attempt: asyncio.Future[str | None] | None = None
+
+    @property
+    def is_open(self) -> bool:
+        """True from `opened()` until the session stops or fails."""
+        return self._open
+
+    def opened(self) -> None:
+        """The backend runs: observations count from now on."""
+        if self._outcome is None:
+            self._open = True
+
+    def deliver(self, observation: Observation) -> None:
+        """Pass one native observation on, if the session is open and it is in scope."""
+        if self._open and self._in_scope(observation):
+            self._sink.observe(observation)
+
+    def deliver_prefiltered(self, observation: Observation) -> None:
+        """Pass on an observation the backend already re-filtered with the same compiled rule."""
+        if self._open:
+            self._sink.observe(observation)
+
+    def fail(self, error: ProviderError) -> None:
+        """The backend failed mid-session: report it once and close the gate."""
+        if self._open:
+            self._open = False
+            self._sink.fail(error)
+
+    async def stop(self) -> StopOutcome:
+        """Stop within `cleanup_timeout_ms` (+ the proof); raise `StopUnconfirmed` when neither came."""
+        if self._outcome is not None:
+            return self._outcome
+        self._open = False
+        attempt = self._next_attempt()
+        try:
+            async with asyncio.timeout(self.scope.cleanup_timeout_ms / 1000):
+                # Shielded: a stalled attempt keeps waiting for the backend; a later stop() may join it.
+                refusal = await asyncio.shield(attempt)
+        except TimeoutError:
+            refusal = "stop-timeout"
+        outcome = StopOutcome.ACKNOWLEDGED
+        if refusal is not None:
+            if not await self._bounded_proof():
+                raise StopUnconfirmed("the backend did not acknowledge the stop", diagnostics=_rule(refusal))
+            outcome = StopOutcome.PROVEN
+        self._outcome = outcome
+        return outcome
+
+    def _next_attempt(self) -> asyncio.Future[str | None]:
+        attempt = self._attempt
+        if attempt is not None and not attempt.done() and self.rejoin_stalled_attempt:
+            return attempt
+        if attempt is not None and not attempt.done():
+            attempt.cancel()
+        elif attempt is not None and not attempt.cancelled() and attempt.result() is None:
+            return attempt
+        self._attempt = asyncio.ensure_future(self._stop_backend())
+        return self._attempt
+
+    async def _bounded_proof(self) -> bool:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(PROOF_BOUND_MS / 1000):
+                return await self._prove_stopped()
+        return False
+
+    @abstractmethod
+    async def _stop_backend(self) -> str | None:
+        """One stop attempt: None once the backend acknowledged, else the rule that refused."""
+
+    async def _prove_stopped(self) -> bool:
+        """A qualified proof that the session ended although the backend did not say so (default: none)."""
+        return False
+
+
+def _rule(refusal: str) -> list[dict[str, str]]:
+    return [{"code": "provider-stop", "message": refusal}]

@@ -1,345 +1,424 @@
-"""The BLE provider: bleak's BlueZ scanner behind the provider seam.
+"""The BLE provider: each session runs bleak in a worker process of its own (`providers.ble_worker`).
 
-Active scanning through BlueZ discovery, with the scope's service UUIDs and RSSI floor pushed down as
-discovery filters. Passive scanning (advertisement monitors) is not used: it needs or-patterns, cannot
-filter on service UUIDs and is still experimental in many BlueZ releases.
+Active scanning through BlueZ discovery. Passive scanning (advertisement monitors) is not used: it needs
+or-patterns, cannot filter on service UUIDs and is still experimental in many BlueZ releases.
 
-BlueZ keeps one discovery session per D-Bus client; the acknowledgement of a stop is bleak's `stop()`
-returning, or BlueZ telling us later that this client holds no session any more. bleak reports neither
-adapter power nor removal to a scanner, so each session watches them on its own D-Bus connection.
+One worker per session makes every session its own BlueZ discovery client (its own D-Bus connection and
+bleak manager), so sessions on one adapter run side by side: BlueZ merges their filters (src/adapter.c
+`merge_discovery_filters`) and each worker re-filters. The filter always asks for every report
+(`DuplicateData` and an RSSI floor), because bluetoothd otherwise signals RSSI only on 8 dB moves and
+advertising data only on change (src/device.c `device_set_rssi_with_delta`, `device_set_manufacturer_data`).
+
+A stop is acknowledged when the worker's bleak `stop()` returned (or BlueZ said this client holds no
+session). Without that, the qualified proof of SPEC 6.7: kill and reap the worker, see its unique bus name
+released (NameOwnerChanged to empty, on the connector's own connection), then one round trip to
+`org.bluez` answered - bluetoothd handles the disconnect before that later call.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
+import os
 import re
-from collections.abc import Callable, Iterator
+import struct
+import sys
+from collections.abc import Callable
 from typing import Any
 
-from bleak import BleakScanner
-from bleak.args.bluez import BlueZDiscoveryFilters
-from bleak.backends.bluezdbus.manager import get_global_bluez_manager
-from bleak.backends.device import BLEDevice
-from bleak.backends.scanner import AdvertisementData
-from bleak.exc import BleakBluetoothNotAvailableError, BleakDBusError, BleakError
 from dbus_fast import BusType, Message, MessageType
 from dbus_fast.aio import MessageBus
 from dbus_fast.errors import DBusFastError
 
 from connector.core.observations import BleObservation
-from connector.core.scope import DiscoveryScope, backend_filter_hint, scope_matcher
-from connector.errors import ProviderError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
-from providers.base import ObservationSink, ProviderCapabilities, ProviderSession
+from connector.core.scope import DiscoveryScope, backend_filter_hint
+from connector.errors import ProviderError, ProviderRestarted, ProviderUnavailable
+from providers.base import BaseSession, ObservationSink, ProviderCapabilities, ProviderSession
+from providers.ble_worker import ADAPTER_IFACE, BLUEZ, DBUS, STOP, config_frame
 
-BLUEZ = "org.bluez"
-DBUS = "org.freedesktop.DBus"
-ADAPTER_IFACE = "org.bluez.Adapter1"
-PROPERTIES_IFACE = "org.freedesktop.DBus.Properties"
 OBJECT_MANAGER_IFACE = "org.freedesktop.DBus.ObjectManager"
-
+INTROSPECT_IFACE = "org.freedesktop.DBus.Introspectable"
 _ADAPTER_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
-# BlueZ refuses an RSSI discovery filter outside this range.
+# BlueZ refuses an RSSI discovery filter outside this range (src/adapter.c `parse_rssi`).
 _RSSI_FILTER_MIN, _RSSI_FILTER_MAX = -127, 20
-
-# D-Bus errors meaning the adapter is off (NotReady) or gone (UnknownObject), or bluetoothd is not running.
-# At start they make the provider unavailable. Answered to StopDiscovery they mean that BlueZ holds no
-# discovery session of ours (bleak treats NotReady the same; a daemon's sessions die with it).
-_UNAVAILABLE_ERRORS = frozenset(
-    {
-        "org.bluez.Error.NotReady",
-        "org.freedesktop.DBus.Error.UnknownObject",
-        "org.freedesktop.DBus.Error.ServiceUnknown",
-        "org.freedesktop.DBus.Error.NameHasNoOwner",
-    }
+_LEN = struct.Struct(">I")
+# How long a worker may take from spawn to discovering; a slower one is a failed start.
+_START_BOUND_S = 20.0
+# After an acknowledged stop the worker exits on EOF; one that lingers is killed.
+_EXIT_BOUND_S = 1.0
+# Errors the bus daemon answers itself when nobody owns org.bluez: no bluetoothd, so no sessions either.
+_NO_BLUETOOTHD = frozenset(
+    {"org.freedesktop.DBus.Error.ServiceUnknown", "org.freedesktop.DBus.Error.NameHasNoOwner"}
 )
-# bluetoothd's answer (org.bluez.Error.Failed) when this D-Bus client has no discovery session.
-_NO_SESSION_TEXT = "No discovery started"
 
 
-def _diagnostic(rule: str) -> list[dict[str, str]]:
-    return [{"code": "ble-backend", "message": rule}]
-
-
-def _guard_backend_logs() -> None:
-    """bleak logs whole D-Bus signal bodies (addresses, names) at DEBUG: keep that away from any handler."""
-    log = logging.getLogger("bleak")
-    if log.getEffectiveLevel() < logging.INFO:
-        log.setLevel(logging.INFO)
-
-
-def discovery_filters(scope: DiscoveryScope) -> BlueZDiscoveryFilters:
-    """The BlueZ discovery filter for `scope`: a superset prefilter, the provider re-filters every advert."""
+def discovery_filters(scope: DiscoveryScope) -> dict[str, Any]:
+    """The BlueZ discovery filter for `scope`: a superset prefilter that asks for every report."""
     hint = backend_filter_hint(scope)
-    pushed: BlueZDiscoveryFilters = {}
+    pushed: dict[str, Any] = {"DuplicateData": True}
     if hint.get("service_uuids"):
         pushed["UUIDs"] = list(hint["service_uuids"])
     floor = hint.get("min_rssi_dbm")
-    if floor is not None and floor >= _RSSI_FILTER_MIN:
-        pushed["RSSI"] = min(floor, _RSSI_FILTER_MAX)
+    # An RSSI filter even without a floor: with one set, bluetoothd signals every report's RSSI.
+    pushed["RSSI"] = (
+        _RSSI_FILTER_MIN if floor is None else max(_RSSI_FILTER_MIN, min(floor, _RSSI_FILTER_MAX))
+    )
     return pushed
 
 
-def to_observation(address: str, adv: AdvertisementData) -> BleObservation:
-    """bleak's advert as a frozen observation (bleak builds fresh payload dicts for every advert)."""
-    # Positional on purpose: keywords make this, the provider's costliest line, about a third slower.
-    return BleObservation(
-        address,
-        adv.rssi,
-        adv.local_name,
-        tuple(adv.service_uuids),
-        adv.manufacturer_data,
-        adv.service_data,
-        adv.tx_power,
+def _method(dest: str, path: str, iface: str, member: str, sig: str = "", *args: Any) -> Message:
+    return Message(
+        destination=dest, path=path, interface=iface, member=member, signature=sig, body=list(args)
     )
 
 
-def _session_gone(error_name: str | None, details: str | None) -> bool:
-    if error_name in _UNAVAILABLE_ERRORS:
-        return True
-    return error_name == "org.bluez.Error.Failed" and details == _NO_SESSION_TEXT
+class BusLink:
+    """The connector's own system-bus connection: adapter lookup, worker name watch, round trips to BlueZ."""
 
-
-@contextlib.contextmanager
-def _start_errors() -> Iterator[None]:
-    """Translate bleak and D-Bus failures at start into provider errors (no driver text, no values)."""
-    try:
-        yield
-    except ProviderError:
-        raise
-    except BleakBluetoothNotAvailableError:
-        raise ProviderUnavailable("no powered BLE adapter is available") from None
-    except BleakDBusError as exc:
-        rule = _diagnostic(exc.dbus_error)
-        if exc.dbus_error in _UNAVAILABLE_ERRORS:
-            raise ProviderUnavailable("the BLE adapter is not ready", diagnostics=rule) from None
-        raise ProviderError("BlueZ refused to start discovery", diagnostics=rule) from None
-    except BleakError:
-        raise ProviderUnavailable("the BLE adapter was not found") from None
-    except (OSError, DBusFastError):
-        raise ProviderUnavailable("the system bus or bluetoothd is unreachable") from None
-
-
-def _method(dest: str, path: str, iface: str, member: str, sig: str = "", *args: Any) -> Message:
-    body = list(args)
-    return Message(destination=dest, path=path, interface=iface, member=member, signature=sig, body=body)
-
-
-async def _disconnected(bus: MessageBus) -> None:
-    await bus.wait_for_disconnect()  # type: ignore[no-untyped-call]
-
-
-class _AdapterWatch:
-    """Our own D-Bus connection watching the adapter's power, its removal and bluetoothd's bus name."""
-
-    def __init__(self, adapter_path: str, on_gone: Callable[[], None]) -> None:
-        self._path = adapter_path
-        self._on_gone = on_gone
+    def __init__(self) -> None:
         self._bus: MessageBus | None = None
-        self._disconnect_task: asyncio.Future[Any] | None = None
-        self._closed = False
-        self.gone = False
+        self._lock = asyncio.Lock()
+        self._gone: dict[str, asyncio.Event] = {}
+        self._users = 0
+        # The last default seen: a bluetoothd that does not answer now still had this one powered first.
+        self.last_default: str | None = None
 
-    def _rules(self) -> tuple[str, ...]:
-        return (
-            f"type='signal',sender='{BLUEZ}',interface='{PROPERTIES_IFACE}',member='PropertiesChanged',"
-            f"path='{self._path}',arg0='{ADAPTER_IFACE}'",
-            f"type='signal',sender='{BLUEZ}',interface='{OBJECT_MANAGER_IFACE}',member='InterfacesRemoved',"
-            f"arg0path='{self._path}'",
-            f"type='signal',sender='{DBUS}',interface='{DBUS}',member='NameOwnerChanged',arg0='{BLUEZ}'",
-        )
+    def hold(self) -> None:
+        """One more user (a session, an adapter lookup); the connection stays open while any holds it."""
+        self._users += 1
 
-    async def open(self) -> None:
-        """Connect, subscribe, then check that the adapter exists and is powered."""
-        try:
-            with _start_errors():
-                self._bus = bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
-                bus.add_message_handler(self._on_message)
-                for rule in self._rules():
-                    await self._call(_method(DBUS, "/org/freedesktop/DBus", DBUS, "AddMatch", "s", rule))
-                powered = await self._powered()
-            if not powered:
-                raise ProviderUnavailable("the BLE adapter is powered off")
-            self._disconnect_task = asyncio.ensure_future(_disconnected(bus))
-            self._disconnect_task.add_done_callback(self._on_disconnect)
-        except BaseException:
-            await self.close()
-            raise
+    def drop(self) -> None:
+        """One user fewer; the last one closes the connection."""
+        self._users = max(0, self._users - 1)
+        if self._users == 0:
+            self.close()
 
-    async def _call(self, msg: Message) -> Message:
-        assert self._bus is not None
-        reply = await self._bus.call(msg)
-        if reply is None or reply.message_type == MessageType.ERROR:
-            rule = _diagnostic((reply.error_name if reply is not None else None) or "no-reply")
-            raise ProviderUnavailable("the BLE adapter was not found", diagnostics=rule)
-        return reply
-
-    async def _powered(self) -> bool:
-        get = _method(BLUEZ, self._path, PROPERTIES_IFACE, "Get", "ss", ADAPTER_IFACE, "Powered")
-        reply = await self._call(get)
-        return bool(reply.body[0].value)
-
-    def _on_message(self, msg: Message) -> None:
-        if msg.message_type == MessageType.SIGNAL and self._is_gone_signal(msg):
-            self._fire()
-
-    def _is_gone_signal(self, msg: Message) -> bool:
-        if msg.member == "PropertiesChanged":
-            powered = msg.body[1].get("Powered") if msg.path == self._path else None
-            return powered is not None and not powered.value
-        if msg.member == "InterfacesRemoved":
-            return bool(msg.body[0] == self._path and ADAPTER_IFACE in msg.body[1])
-        return bool(msg.member == "NameOwnerChanged" and msg.body[0] == BLUEZ)
-
-    def _on_disconnect(self, task: asyncio.Future[Any]) -> None:
-        if not task.cancelled():
-            task.exception()  # retrieved on purpose: a lost system bus is reported through _fire()
-        self._fire()
-
-    def _fire(self) -> None:
-        if not self._closed:
-            self._closed = self.gone = True
-            self._on_gone()
-
-    async def close(self) -> None:
-        """Disconnect; idempotent and quick (no round trip to BlueZ)."""
-        self._closed = True
+    def close(self) -> None:
+        """Disconnect now."""
         bus, self._bus = self._bus, None
         if bus is None:
             return
-        bus.disconnect()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(_disconnected(bus), 1.0)
+        try:
+            bus.disconnect()
+        except Exception:
+            # Its event loop is closed already: release the socket as bleak does for such a bus.
+            with contextlib.suppress(Exception):
+                bus._finalize(None)
 
+    async def bus(self) -> MessageBus:
+        """Connected, reconnecting once the old connection died."""
+        async with self._lock:
+            if self._bus is None or not self._bus.connected:
+                bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
+                bus.add_message_handler(self._on_message)
+                self._bus = bus
+            return self._bus
 
-class BleSession:
-    """One BlueZ discovery session of one scope."""
+    def _on_message(self, msg: Message) -> None:
+        if msg.message_type == MessageType.SIGNAL and msg.member == "NameOwnerChanged" and msg.body[2] == "":
+            event = self._gone.get(msg.body[0])
+            if event is not None:
+                event.set()
 
-    def __init__(self, scope: DiscoveryScope, sink: ObservationSink, adapter_path: str) -> None:
-        self._scope = scope
-        # The same rule as `matches_scope`, compiled once: it runs for every advert.
-        self._in_scope = scope_matcher(scope)
-        self._sink = sink
-        self._adapter_path = adapter_path
-        self._watch = _AdapterWatch(adapter_path, self._on_backend_gone)
-        self._scanner = BleakScanner(
-            self._on_advert,
-            bluez={"adapter": adapter_path.rsplit("/", 1)[1], "filters": discovery_filters(scope)},
+    async def _call(self, msg: Message) -> Message:
+        reply = await (await self.bus()).call(msg)
+        assert reply is not None
+        return reply
+
+    async def watch_name(self, name: str) -> None:
+        """Start watching a worker's unique name for its release (before anything could release it)."""
+        event = self._gone.setdefault(name, asyncio.Event())
+        rule = f"type='signal',sender='{DBUS}',interface='{DBUS}',member='NameOwnerChanged',arg0='{name}'"
+        await self._call(_method(DBUS, "/org/freedesktop/DBus", DBUS, "AddMatch", "s", rule))
+        reply = await self._call(_method(DBUS, "/org/freedesktop/DBus", DBUS, "NameHasOwner", "s", name))
+        if reply.message_type != MessageType.ERROR and not reply.body[0]:
+            event.set()
+
+    async def name_gone(self, name: str) -> None:
+        """Return once the bus daemon reported `name` released."""
+        await self._gone.setdefault(name, asyncio.Event()).wait()
+
+    def forget(self, name: str) -> None:
+        """Stop tracking a name (its session is over)."""
+        self._gone.pop(name, None)
+
+    async def bluez_answers(self) -> bool:
+        """One round trip to org.bluez; True when bluetoothd answered (or no bluetoothd runs at all)."""
+        try:
+            reply = await self._call(_method(BLUEZ, "/org/bluez", INTROSPECT_IFACE, "Introspect"))
+        except (OSError, DBusFastError, EOFError):
+            return False
+        return reply.message_type != MessageType.ERROR or reply.error_name not in (
+            "org.freedesktop.DBus.Error.NoReply",
         )
-        self._owner_bus: MessageBus | None = None
-        self._active = False
-        self._bleak_stop_called = False
-        self._attempt: asyncio.Future[str | None] | None = None
-        self._confirmed = False
+
+    async def default_adapter(self) -> str | None:
+        """The first powered adapter in name order (one GetManagedObjects), or None."""
+        reply = await self._call(_method(BLUEZ, "/", OBJECT_MANAGER_IFACE, "GetManagedObjects"))
+        if reply.message_type == MessageType.ERROR:
+            return None
+        powered = []
+        for path, interfaces in reply.body[0].items():
+            adapter = interfaces.get(ADAPTER_IFACE)
+            if adapter is not None and adapter.get("Powered") is not None and adapter["Powered"].value:
+                powered.append(path.rsplit("/", 1)[1])
+        self.last_default = min(powered) if powered else None
+        return self.last_default
+
+
+_links: dict[tuple[asyncio.AbstractEventLoop, str], BusLink] = {}
+
+
+def bus_link() -> BusLink:
+    """The connector's link for this event loop and system bus (like bleak's one manager per loop)."""
+    loop = asyncio.get_running_loop()
+    for key in [k for k in _links if k[0].is_closed()]:
+        _links.pop(key).close()
+    key = (loop, os.environ.get("DBUS_SYSTEM_BUS_ADDRESS", ""))
+    link = _links.get(key)
+    if link is None:
+        link = _links[key] = BusLink()
+    return link
+
+
+def _start_error(code: str, rule: str) -> ProviderError:
+    diagnostics = [{"code": "ble-backend", "message": rule}]
+    if code == "provider-unavailable":
+        if rule == "powered-off":
+            return ProviderUnavailable("the BLE adapter is powered off")
+        return ProviderUnavailable("the BLE adapter is not available", diagnostics=diagnostics)
+    return ProviderError("BlueZ refused to start discovery", diagnostics=diagnostics)
+
+
+class BleSession(BaseSession):
+    """One BLE session: its worker process, the pipe to it, and its stop."""
+
+    def __init__(
+        self,
+        scope: DiscoveryScope,
+        sink: ObservationSink,
+        adapter_path: str,
+        link: BusLink,
+        *,
+        coalesce: bool = True,
+    ) -> None:
+        super().__init__(scope, sink)
+        self._coalesce = coalesce
+        self._adapter_path = adapter_path
+        self._link = link
+        self._proc: asyncio.subprocess.Process | None = None
+        self._reader: asyncio.Task[None] | None = None
+        self._started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._stop_answer: asyncio.Future[str | None] | None = None
+        self.unique_name: str | None = None
+        self._exited = False
+        self._released = False
+        self._early_failure: ProviderError | None = None
+
+    @property
+    def worker_pid(self) -> int | None:
+        """The worker's process id (tests and benchmarks)."""
+        return None if self._proc is None else self._proc.pid
 
     async def open(self) -> None:
-        """Watch the adapter, then start bleak's scanner on it."""
-        await self._watch.open()
+        """Spawn the worker and wait until it is discovering; on any failure nothing is left behind."""
+        config = {
+            "adapter_path": self._adapter_path,
+            "filters": discovery_filters(self.scope),
+            "scope": self.scope,
+            "coalesce": self._coalesce,
+        }
+        self._link.hold()
         try:
-            with _start_errors():
-                await self._scanner.start()
-                # The connection that owns our BlueZ discovery session (bleak keeps one per event loop).
-                self._owner_bus = (await get_global_bluez_manager())._bus
+            self._proc = await asyncio.create_subprocess_exec(
+                sys.executable,
+                "-m",
+                "providers.ble_worker",
+                str(os.getpid()),
+                stdin=asyncio.subprocess.PIPE,
+                stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.DEVNULL,
+            )
+            assert self._proc.stdin is not None
+            self._proc.stdin.write(config_frame(config))
+            self._reader = asyncio.ensure_future(self._read())
+            async with asyncio.timeout(_START_BOUND_S):
+                await asyncio.shield(self._started)
         except BaseException:
-            await self._watch.close()
+            await self._kill()
+            self._forget()
             raise
-        self._active = True
-        if self._watch.gone:  # it went away while bleak was starting
-            self._on_backend_gone()
+        self.opened()
+        if self._early_failure is not None:  # reported between "ready" and this point
+            self.fail(self._early_failure)
 
-    def _on_advert(self, device: BLEDevice, adv: AdvertisementData) -> None:
-        if self._active:
-            observation = to_observation(device.address, adv)
-            if self._in_scope(observation):
-                self._sink.observe(observation)
-
-    def _on_backend_gone(self) -> None:
-        if self._active:
-            self._active = False
-            self._sink.fail(ProviderRestarted("the BLE adapter or bluetoothd went away during the session"))
-
-    async def stop(self) -> None:
-        """Stop discovery; return once BlueZ acknowledged, else raise `StopUnconfirmed`. Idempotent."""
-        if self._confirmed:
-            return
-        self._active = False
-        if self._needs_attempt():
-            self._attempt = asyncio.ensure_future(self._stop_backend())
-        attempt = self._attempt
-        assert attempt is not None
+    async def _read(self) -> None:
+        """Frames from the worker until it exits."""
+        proc = self._proc
+        assert proc is not None and proc.stdout is not None
+        stdout = proc.stdout
         try:
-            async with asyncio.timeout(self._scope.cleanup_timeout_ms / 1000):
-                await self._watch.close()
-                # Shielded: a stalled attempt keeps waiting for BlueZ, and the next stop() joins it.
-                refusal = await asyncio.shield(attempt)
-        except TimeoutError:
-            raise StopUnconfirmed("BlueZ did not acknowledge the stop within the cleanup bound") from None
-        if refusal is not None:
-            raise StopUnconfirmed("BlueZ refused to stop discovery", diagnostics=_diagnostic(refusal))
-        self._confirmed = True
+            while True:
+                head = await stdout.readexactly(4)
+                payload = await stdout.readexactly(_LEN.unpack(head)[0])
+                await self._dispatch(payload)
+        except (asyncio.IncompleteReadError, ConnectionError, OSError, DBusFastError, EOFError):
+            pass  # the worker exited, or our own bus link failed: either way this session is over
+        finally:
+            self._on_exit()
 
-    def _needs_attempt(self) -> bool:
-        attempt = self._attempt
-        if attempt is None:
-            return True
-        return attempt.done() and (attempt.cancelled() or attempt.result() is not None)
+    async def _dispatch(self, payload: bytes) -> None:
+        import marshal
+
+        message = marshal.loads(payload)
+        kind = message[0]
+        if kind == "o":
+            observe = self.deliver_prefiltered
+            new = tuple.__new__
+            for fields in message[1]:
+                observe(new(BleObservation, fields))
+        elif kind == "bus":
+            self.unique_name = message[1]
+            await self._link.watch_name(message[1])
+        elif kind == "ready":
+            _resolve(self._started, None)
+        elif kind == "error":
+            if not self._started.done():
+                self._started.set_exception(_start_error(message[1], message[2]))
+        elif kind == "gone":
+            self._failed(ProviderRestarted("the BLE adapter or bluetoothd went away during the session"))
+        elif kind == "stopped" and self._stop_answer is not None:
+            _resolve(self._stop_answer, message[1])
+
+    def _on_exit(self) -> None:
+        self._exited = True
+        if not self._started.done():
+            self._started.set_exception(ProviderError("the BLE worker exited while starting"))
+        self._failed(ProviderError("the BLE worker exited during the session"))
+        if self._stop_answer is not None:
+            _resolve(self._stop_answer, "worker-exited")
+
+    def _failed(self, error: ProviderError) -> None:
+        if self.is_open:
+            self.fail(error)
+        elif self._started.done() and self._early_failure is None:
+            self._early_failure = error
 
     async def _stop_backend(self) -> str | None:
-        """One stop attempt; None when acknowledged, else the rule that refused (a D-Bus error name)."""
+        """Ask the worker to stop bleak; None once BlueZ acknowledged."""
+        proc = self._proc
+        if self._exited or proc is None or proc.stdin is None:
+            return "worker-exited"
+        self._stop_answer = asyncio.get_running_loop().create_future()
         try:
-            if self._bleak_stop_called:
-                await self._retry_stop_discovery()
-            else:
-                self._bleak_stop_called = True
-                await self._scanner.stop()
-        except BleakDBusError as exc:
-            return None if _session_gone(exc.dbus_error, exc.dbus_error_details) else exc.dbus_error
-        except Exception:
-            return None if self._owner_gone() else "backend-error"
-        return None
+            proc.stdin.write(STOP)
+        except (ConnectionError, RuntimeError):
+            return "worker-exited"
+        refusal = await self._stop_answer
+        if refusal is None:
+            await self._retire()
+        return refusal
 
-    async def _retry_stop_discovery(self) -> None:
-        """StopDiscovery again on the connection that owns the session (bleak's stop() cannot be re-run)."""
-        bus = self._owner_bus
-        if bus is None or not bus.connected:
-            return  # BlueZ drops a client's discovery session when its connection closes
-        reply = await bus.call(_method(BLUEZ, self._adapter_path, ADAPTER_IFACE, "StopDiscovery"))
-        if reply is not None and reply.message_type == MessageType.ERROR:
-            raise BleakDBusError(reply.error_name or "", reply.body)
+    async def _retire(self) -> None:
+        """After an acknowledged stop: close the pipe (the worker exits on EOF) and reap it."""
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.stdin is not None:
+            proc.stdin.close()
+        try:
+            async with asyncio.timeout(_EXIT_BOUND_S):
+                await proc.wait()
+        except TimeoutError:
+            await self._kill()
+        self._forget()
 
-    def _owner_gone(self) -> bool:
-        return self._owner_bus is not None and not self._owner_bus.connected
+    async def _prove_stopped(self) -> bool:
+        """Kill and reap the worker, see its bus name released, then one answered round trip to BlueZ."""
+        await self._kill()
+        if self.unique_name is not None:
+            await self._link.name_gone(self.unique_name)
+        if not await self._link.bluez_answers():
+            return False
+        self._forget()
+        return True
+
+    async def _kill(self) -> None:
+        proc = self._proc
+        if proc is None:
+            return
+        if proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                proc.kill()
+        await proc.wait()
+        if self._reader is not None:
+            with contextlib.suppress(BaseException):
+                await self._reader
+
+    def _forget(self) -> None:
+        """The session is over: stop tracking its name and let go of the link (once)."""
+        if self.unique_name is not None:
+            self._link.forget(self.unique_name)
+        if not self._released:
+            self._released = True
+            self._link.drop()
+
+
+def _resolve(future: asyncio.Future[Any], value: Any) -> None:
+    if not future.done():
+        future.set_result(value)
 
 
 class BleProvider:
-    """BLE discovery through bleak on BlueZ."""
+    """BLE discovery through bleak on BlueZ, one worker process per session."""
 
-    def __init__(self, adapter: str | None = None) -> None:
+    def __init__(
+        self,
+        adapter: str | None = None,
+        *,
+        every_report: bool = False,
+        link: Callable[[], BusLink] = bus_link,
+    ) -> None:
         self._adapter = adapter
+        # A recording wants every report as it came; a scan only each device's latest per worker batch.
+        self._every_report = every_report
+        self._link = link
         self._capabilities = ProviderCapabilities(
             transport="ble",
             backend_filters=frozenset({"service_uuids", "min_rssi_dbm"}),
-            # BlueZ serves several discovery clients at once; still, the (ble, adapter) claim stays exclusive.
-            concurrent_sessions=False,
+            # Every session is a BlueZ discovery client of its own (SPEC 6.7).
+            concurrent_sessions=True,
         )
-        _guard_backend_logs()
 
     @property
     def capabilities(self) -> ProviderCapabilities:
         """Declared capabilities."""
         return self._capabilities
 
+    async def resolve_adapter(self, scope: DiscoveryScope) -> str | None:
+        """The adapter a scan of `scope` would use: named, else ours, else the first powered one."""
+        name = scope.adapter or self._adapter
+        if name is not None:
+            return name
+        link = self._link()
+        link.hold()
+        try:
+            async with asyncio.timeout(1.0):
+                return await link.default_adapter()
+        except (TimeoutError, OSError, DBusFastError, EOFError):
+            return link.last_default
+        finally:
+            link.drop()
+
     async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> ProviderSession:
-        """Start one discovery session on the scope's adapter (else ours, else bleak's default)."""
-        session = BleSession(scope, sink, await self._adapter_path(scope.adapter or self._adapter))
+        """Start one discovery session on the scope's adapter (else ours, else the first powered one)."""
+        name = scope.adapter or self._adapter
+        if name is not None and not _ADAPTER_NAME.fullmatch(name):
+            raise ProviderUnavailable("the BLE adapter was not found")
+        if name is None:
+            name = await self.resolve_adapter(scope)
+            if name is None:
+                raise ProviderUnavailable("no powered BLE adapter is available")
+        session = BleSession(scope, sink, f"/org/bluez/{name}", self._link(), coalesce=not self._every_report)
         await session.open()
         return session
-
-    async def _adapter_path(self, name: str | None) -> str:
-        if name is None:
-            with _start_errors():
-                return (await get_global_bluez_manager()).get_default_adapter()
-        if not _ADAPTER_NAME.fullmatch(name):
-            raise ProviderUnavailable("the BLE adapter was not found")
-        return f"/org/bluez/{name}"

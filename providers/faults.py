@@ -14,9 +14,9 @@ from typing import Literal
 
 from connector.core.observations import Observation, Transport
 from connector.core.scope import DiscoveryScope
-from connector.errors import ProviderError, ProviderRestarted, StopUnconfirmed
-from providers.base import ObservationSink, ProviderCapabilities
-from providers.replay import Timeline, check_speed, finish_task, play_timeline, scoped
+from connector.errors import ProviderError, ProviderRestarted
+from providers.base import BaseSession, ObservationSink, ProviderCapabilities, StopOutcome
+from providers.replay import Timeline, check_speed, finish_task, play_timeline
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,32 +49,40 @@ class Fault:
     flood_at_ms: int = 0
 
 
-class FaultSession:
-    """One session of the fault provider."""
+class FaultSession(BaseSession):
+    """One session of the fault provider (on the shared base: gate, scope filter, cleanup bound)."""
 
-    def __init__(self, provider: FaultProvider, task: asyncio.Task[None]) -> None:
+    # Each stop() call plays the next step of the plan; a hanging step is dropped, not joined.
+    rejoin_stalled_attempt = False
+
+    def __init__(self, provider: FaultProvider, scope: DiscoveryScope, sink: ObservationSink) -> None:
+        super().__init__(scope, sink)
         self._provider = provider
-        self._task = task
         self._stop_calls = 0
         self.acknowledged = False
+        self.opened()
+        self._task = asyncio.get_running_loop().create_task(provider.run(self, sink))
 
-    async def stop(self) -> None:
-        """Behave as the next step of the stop plan says. Idempotent once acknowledged."""
+    async def stop(self) -> StopOutcome:
+        """Record the call, then the base's bounded, idempotent stop."""
+        self._provider.calls.append("stop")
+        return await super().stop()
+
+    async def _stop_backend(self) -> str | None:
+        """Behave as the next step of the stop plan says."""
         plan = self._provider.fault.stop_plan
         step = plan[min(self._stop_calls, len(plan) - 1)]
         self._stop_calls += 1
-        self._provider.calls.append("stop")
-        if self.acknowledged:
-            return
         if step.delay_ms:
             await asyncio.sleep(step.delay_ms / 1000.0)
         if step.kind == "hang":
             await asyncio.Event().wait()
         if step.kind == "raise":
-            raise StopUnconfirmed("provider stop refused")
+            return "provider-stop-refused"
         await finish_task(self._task)
         self.acknowledged = True
         self._provider.calls.append("stop-ack")
+        return None
 
 
 class FaultProvider:
@@ -125,21 +133,19 @@ class FaultProvider:
             await asyncio.sleep(self.fault.start_delay_ms / 1000.0)
         if self.fault.start_error is not None:
             raise self.fault.start_error
-        task = asyncio.get_running_loop().create_task(self._run(scope, sink))
-        session = FaultSession(self, task)
+        session = FaultSession(self, scope, sink)
         self.sessions.append(session)
         return session
 
-    async def _run(self, scope: DiscoveryScope, sink: ObservationSink) -> None:
+    async def run(self, session: FaultSession, sink: ObservationSink) -> None:
         """Play the timeline, the flood and the mid-session failure, in time order."""
         timeline = list(self._timeline)
         cut = self.fault.fail_at_ms
         if cut is not None:
             timeline = [(t_ms, obs) for t_ms, obs in timeline if t_ms < cut]
-        deliver = scoped(scope, sink)
-        players = [play_timeline(tuple(timeline), self._speed, deliver), self._flood(sink)]
+        players = [play_timeline(tuple(timeline), self._speed, session.deliver), self._flood(sink)]
         if cut is not None:
-            players.append(self._fail_later(cut, sink))
+            players.append(self._fail_later(cut, session))
         await asyncio.gather(*players)
 
     async def _flood(self, sink: ObservationSink) -> None:
@@ -153,7 +159,7 @@ class FaultProvider:
             if index % 256 == 255:
                 await asyncio.sleep(0)
 
-    async def _fail_later(self, at_ms: int, sink: ObservationSink) -> None:
+    async def _fail_later(self, at_ms: int, session: FaultSession) -> None:
         """Report the mid-session failure at its offset."""
         await asyncio.sleep(at_ms / 1000.0 / self._speed)
-        sink.fail(self.fault.fail_error or ProviderRestarted("provider restarted during the session"))
+        session.fail(self.fault.fail_error or ProviderRestarted("provider restarted during the session"))

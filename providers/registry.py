@@ -27,6 +27,7 @@ def build_provider(
     replay_speed: float = 1.0,
     ble_adapter: str | None = None,
     mdns_interfaces: Sequence[str] | None = None,
+    every_report: bool = False,
 ) -> Provider:
     """The provider for `transport`; raises ProviderUnavailable when its backend cannot be loaded."""
     if replay is not None:
@@ -38,15 +39,15 @@ def build_provider(
         raise ProviderUnavailable("provider not available for this transport")
     module_name, class_name = _REAL_BACKENDS[transport]
     backend = getattr(_load(module_name), class_name)
-    return cast(Provider, backend(**_options(transport, ble_adapter, mdns_interfaces)))
+    return cast(Provider, backend(**_options(transport, ble_adapter, mdns_interfaces, every_report)))
 
 
 def _options(
-    transport: str, ble_adapter: str | None, mdns_interfaces: Sequence[str] | None
+    transport: str, ble_adapter: str | None, mdns_interfaces: Sequence[str] | None, every_report: bool = False
 ) -> dict[str, Any]:
-    """Constructor options the real backend of `transport` takes."""
+    """Constructor options the real backend of `transport` takes (`every_report`: a recording's BLE)."""
     if transport == "ble":
-        return {"adapter": ble_adapter}
+        return {"adapter": ble_adapter, "every_report": every_report}
     if transport == "mdns":
         return {"interfaces": list(mdns_interfaces) if mdns_interfaces is not None else None}
     return {}

@@ -22,9 +22,9 @@ from connector.core.observations import (
     Transport,
     UsbObservation,
 )
-from connector.core.scope import DiscoveryScope, scope_matcher
+from connector.core.scope import DiscoveryScope
 from connector.errors import ProviderUnavailable
-from providers.base import ObservationSink, ProviderCapabilities
+from providers.base import BaseSession, ObservationSink, ProviderCapabilities
 
 FIXTURE_FORMAT = "sensorium-hw-fixture.v1"
 SOURCES = frozenset({"recorded", "synthesised"})
@@ -330,19 +330,6 @@ async def play_timeline(
         deliver(observation)
 
 
-def scoped(scope: DiscoveryScope, sink: ObservationSink) -> Callable[[Observation], None]:
-    """The provider-side filter every real backend applies before anything leaves the provider."""
-
-    matches = scope_matcher(scope)
-    observe = sink.observe
-
-    def deliver(observation: Observation) -> None:
-        if matches(observation):
-            observe(observation)
-
-    return deliver
-
-
 async def finish_task(task: asyncio.Task[None]) -> None:
     """Cancel a player task and return once it has finished (our own cancellation still propagates)."""
     if task.done():
@@ -351,20 +338,25 @@ async def finish_task(task: asyncio.Task[None]) -> None:
     await asyncio.wait({task})
 
 
-class ReplaySession:
+class ReplaySession(BaseSession):
     """One replay session: a player task that stop() cancels and waits for."""
 
-    def __init__(self, task: asyncio.Task[None]) -> None:
-        self._task = task
+    def __init__(
+        self, scope: DiscoveryScope, sink: ObservationSink, timeline: Timeline, speed: float
+    ) -> None:
+        super().__init__(scope, sink)
+        self.opened()
+        self._task = asyncio.get_running_loop().create_task(play_timeline(timeline, speed, self.deliver))
 
     @property
     def finished(self) -> bool:
         """True once the player has ended (last line played or stopped)."""
         return self._task.done()
 
-    async def stop(self) -> None:
-        """Cancel the player and return once it has finished. Idempotent."""
+    async def _stop_backend(self) -> str | None:
+        """Cancel the player; acknowledged once it has finished."""
         await finish_task(self._task)
+        return None
 
 
 class ReplayProvider:
@@ -389,5 +381,4 @@ class ReplayProvider:
         """Start playing the file for `scope`."""
         if scope.transport != self._fixture.transport:
             raise ProviderUnavailable("replay fixture transport does not match the scan transport")
-        player = play_timeline(self._fixture.timeline, self._speed, scoped(scope, sink))
-        return ReplaySession(asyncio.get_running_loop().create_task(player))
+        return ReplaySession(scope, sink, self._fixture.timeline, self._speed)

@@ -137,7 +137,9 @@ def run(args: argparse.Namespace) -> int:
     except _Usage as reason:
         return usage_error(f"fixtures record: {reason}")
     try:
-        provider = build_provider(args.transport, ble_adapter=adapter, mdns_interfaces=args.mdns_interfaces)
+        provider = build_provider(
+            args.transport, ble_adapter=adapter, mdns_interfaces=args.mdns_interfaces, every_report=True
+        )
     except ProviderUnavailable as error:
         return _provider_failed(error)
     bound_s = args.seconds + args.types_seconds + _BRIDGE_SLACK_S

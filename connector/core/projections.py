@@ -76,6 +76,8 @@ class SessionView:
     # Time of the last lifecycle change (status, cancellation, cleanup, erasure). Unlike `updated_at_ms` it
     # does not move with revision cuts, whose timing follows the devices seen (SPEC 7: not durable).
     state_changed_at_ms: int | None = None
+    # Status diagnostic codes (e.g. `stop-by-disconnect`, SPEC 6.7): fixed names, never device data.
+    diagnostics: tuple[str, ...] = ()
 
 
 def _delivers_candidates(view: SessionView) -> bool:
@@ -142,7 +144,7 @@ def caller_status_v2(view: SessionView) -> dict[str, Any]:
         "operation/kind": view.operation_kind,
         "status": view.status,
         "updated_at": format_ms(view.updated_at_ms),
-        "diagnostics": [],
+        "diagnostics": [{"code": code} for code in view.diagnostics],
     }
     if view.expires_at_ms is not None:
         status["expires_at"] = format_ms(view.expires_at_ms)

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import anyio
 from anyio.abc import TaskGroup
 
+from connector.core.endings import StopResult
 from connector.core.ids import opaque_id
 from connector.core.lifecycle import INTERRUPTED_BY_RESTART, Status
 from connector.core.projections import caller_status_v2, durable_metadata
@@ -154,7 +155,7 @@ class DiscoveryManager:
         retry_after_seconds: int = 1,
     ) -> SessionHandle:
         """Take the claim (or refuse before any provider call) and start the session's runner."""
-        handle = self.prepare_scan(
+        handle = await self.prepare_scan(
             operation_id=operation_id,
             owner=owner,
             action_id=action_id,
@@ -172,7 +173,7 @@ class DiscoveryManager:
         self.launch(operation_id)
         return handle
 
-    def prepare_scan(
+    async def prepare_scan(
         self,
         *,
         operation_id: str,
@@ -194,8 +195,13 @@ class DiscoveryManager:
         if existing is not None:
             return SessionHandle(existing)
         self._require_open()
+        adapter = await resolved_adapter(provider, scope)
+        existing = self._sessions.get(operation_id)
+        if existing is not None:  # the same operation was started while the adapter was being resolved
+            return SessionHandle(existing)
+        self._require_open()
         claim = self.claims.acquire(
-            claim_key(scope.transport, scope.adapter),
+            claim_key(scope.transport, adapter),
             operation_id=operation_id,
             concurrent=provider.capabilities.concurrent_sessions,
             now_ms=now_ms,
@@ -282,9 +288,10 @@ class DiscoveryManager:
         delay = self._retry_initial_s
         while True:
             await anyio.sleep(delay)
-            if await session.stop_provider():
+            result = await session.stop_provider()
+            if result is not StopResult.UNCERTAIN:
                 self.claims.release(session.claim)
-                session.cleanup_acknowledged_late()
+                session.cleanup_confirmed_late(result)
                 await self._record(session)
                 return
             delay = min(delay * 2, self._retry_max_s)
@@ -434,6 +441,15 @@ class DiscoveryManager:
         with anyio.move_on_after(timeout_s):
             await session.finished.wait()
         return self.status(operation_id)
+
+
+async def resolved_adapter(provider: Provider, scope: DiscoveryScope) -> str | None:
+    """The adapter the claim is keyed by: the provider's resolution when it has one, else the named one."""
+    resolve = getattr(provider, "resolve_adapter", None)
+    if resolve is None:
+        return scope.adapter
+    adapter: str | None = await resolve(scope)
+    return adapter
 
 
 def _candidate_refs(document: Mapping[str, Any]) -> Iterator[str]:

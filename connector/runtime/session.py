@@ -2,12 +2,11 @@
 
 Rules of this file:
 - every status change goes through `connector.core.lifecycle.check_transition`;
-- a session ends for one cause; the first wins, but until the stop is confirmed a caller's cancel replaces
-  any other cause, and a revocation or shutdown replaces any cause but a cancel; observations stop counting
-  the moment a cause is set;
-- EVERY end stops the provider session bounded by `cleanup_timeout_ms` and reports the terminal status only
-  after that: an acknowledgement confirms cleanup and releases the claim; a raise or a stall leaves cleanup
-  `uncertain` with the claim held, for the manager's background retry;
+- which end cause wins, and what each end gives, is `connector.core.endings` (data + one pure function);
+  observations stop counting the moment a cause is set;
+- EVERY end stops the provider session (bounded by the provider base: `cleanup_timeout_ms`, plus the
+  qualified proof) and reports the terminal status only after that; an uncertain cleanup keeps the claim
+  for the manager's background retry;
 - nothing candidate-derived reaches a log record or an exception message.
 """
 
@@ -17,11 +16,29 @@ import logging
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from enum import StrEnum
 from typing import Any
 
 import anyio
 
+from connector.core.endings import (
+    CANCELLATION_UNCONFIRMED,
+    CLEANUP_UNCONFIRMED,
+    COMPLETING,
+    DEADLINE_EXCEEDED,
+    PROVIDER_FAILURE,
+    PROVIDER_RESTARTED,
+    CancellationState,
+    ClaimState,
+    CleanupState,
+    EndCause,
+    Ending,
+    StopResult,
+    claim_of,
+    conclude,
+    confirmed_late,
+    due_cause,
+    wins,
+)
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import Status, check_transition, is_terminal
 from connector.core.observations import Observation
@@ -30,33 +47,26 @@ from connector.core.scope import DiscoveryProfile, DiscoveryScope
 from connector.core.snapshot import CandidateTable, IngestOutcome
 from connector.errors import ProviderError
 from connector.runtime.claims import Claim
-from providers.base import Provider, ProviderSession
+from providers.base import Provider, ProviderSession, StopOutcome, stop_bound_ms
 
 logger = logging.getLogger(__name__)
 
-DEADLINE_EXCEEDED = "deadline-exceeded"
-CLEANUP_UNCONFIRMED = "cleanup-unconfirmed"
-CANCELLATION_UNCONFIRMED = "cancellation-unconfirmed"
-PROVIDER_FAILURE = "provider-failure"
-PROVIDER_RESTARTED = "provider-restarted"
+__all__ = [
+    "CANCELLATION_UNCONFIRMED",
+    "CLEANUP_UNCONFIRMED",
+    "DEADLINE_EXCEEDED",
+    "PROVIDER_FAILURE",
+    "PROVIDER_RESTARTED",
+    "DiscoverySession",
+    "EndCause",
+    "SessionHandle",
+    "SessionSpec",
+]
+
 # A pending cut re-checked sooner than this would only spin: whole-second content cannot change faster.
 _MIN_WAKE_MS = 5
-
-
-class EndCause(StrEnum):
-    """Why a session ends."""
-
-    WINDOW = "window-complete"
-    DEADLINE = "deadline-reached"
-    LIMIT = "limit-reached"
-    FAILURE = "provider-failure"
-    CANCEL = "cancel"
-    TIMEOUT = "timed-out"
-    EXPIRY = "expired"
-    TERMINATE = "terminate"
-
-
-_COMPLETING = frozenset({EndCause.WINDOW, EndCause.DEADLINE, EndCause.LIMIT})
+# The runtime's backstop beyond the provider's own bound (a backend not built on the base could hang).
+_BACKSTOP_MARGIN_MS = 250
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,11 +126,12 @@ class DiscoverySession:
         self.state_changed_at_ms = spec.created_at_ms
         self.reason: str | None = None
         self.error_code: str | None = None
-        self.cancellation_state: str | None = None
+        self.cancellation_state: CancellationState | None = None
         self.cancellation_requested_at_ms: int | None = None
         self.cancellation_confirmed_at_ms: int | None = None
-        self.cleanup_state = "pending"
-        self.claim_state = "held"
+        self.cleanup_state = CleanupState.PENDING
+        self.diagnostics: tuple[str, ...] = ()
+        self.ending: Ending | None = None
         self.erased_at_ms: int | None = None
         self.terminal_at_ms: int | None = None
         self.final_revision = 0
@@ -164,7 +175,12 @@ class DiscoverySession:
     @property
     def cleanup_uncertain(self) -> bool:
         """True while a stop was not acknowledged and the claim is still held."""
-        return self.cleanup_state == "uncertain"
+        return self.cleanup_state is CleanupState.UNCERTAIN
+
+    @property
+    def claim_state(self) -> ClaimState:
+        """Derived from cleanup: released exactly when cleanup is confirmed."""
+        return claim_of(self.cleanup_state)
 
     def view(self) -> SessionView:
         """Everything a status projection needs, as one frozen value."""
@@ -189,6 +205,7 @@ class DiscoverySession:
             cancellation_confirmed_at_ms=self.cancellation_confirmed_at_ms,
             cleanup_state=self.cleanup_state,
             claim=self.claim_state,
+            diagnostics=self.diagnostics,
             latest=latest,
             final_revision=self.final_revision if completed else self.revision,
             erased_at_ms=self.erased_at_ms,
@@ -218,8 +235,8 @@ class DiscoverySession:
     # ---- requests from the manager -------------------------------------------------------------------------
 
     def request_end(self, cause: EndCause, code: str | None = None) -> bool:
-        """Set the end cause unless one is set already; stop accepting observations at once."""
-        if self.end_cause is not None or self.is_terminal:
+        """Set the end cause if it wins over the current one (`endings.OVERRIDES`); stop accepting at once."""
+        if self.is_terminal or not wins(cause, self.end_cause):
             return False
         self.end_cause = cause
         self._end_code = code
@@ -229,29 +246,21 @@ class DiscoverySession:
 
     def request_cancel(self) -> bool:
         """Record a caller's cancel: stays non-terminal, without progress, until the stop is acknowledged."""
-        if self.is_terminal or self.cancellation_state is not None or self.end_cause is EndCause.TERMINATE:
+        if not self.request_end(EndCause.CANCEL):
             return False
-        self.cancellation_state = "requested"
+        self.cancellation_state = CancellationState.REQUESTED
         self.cancellation_requested_at_ms = self._clock()
-        self.end_cause = EndCause.CANCEL
-        self._end_code = None
-        self._accepting = False
-        self._wake.set()
         self._notify()
         return True
 
     def terminate(self, code: str, *, erase: bool) -> bool:
         """End `failed` with `code` (revocation, shutdown), overriding any end but a cancel in progress."""
-        if self.is_terminal or self.end_cause is EndCause.CANCEL:
+        if self.is_terminal:
             return False
         if erase:
             self.table.erase()
             self._notify()
-        self.end_cause = EndCause.TERMINATE
-        self._end_code = code
-        self._accepting = False
-        self._wake.set()
-        return True
+        return self.request_end(EndCause.TERMINATE, code)
 
     def erase_result(self) -> None:
         """Retention ended: forget the candidates; status keeps reason and final revision."""
@@ -290,23 +299,26 @@ class DiscoverySession:
             try:
                 self._provider_session = await self.provider.start(self.spec.scope, self.sink)
             except ProviderError as error:
-                self._conclude_unstarted(error.code)
+                self._conclude_unstarted(EndCause.FAILURE, error.code)
                 return False
             except Exception:  # a backend bug must not take the other sessions down
-                self._conclude_unstarted(PROVIDER_FAILURE)
+                self._conclude_unstarted(EndCause.FAILURE, PROVIDER_FAILURE)
                 return False
             if self.cancellation_state is None:
                 self._move(Status.RUNNING)
             return True
         # The start was cut off by the connector timeout or expiry; its cancellation unwound it.
-        self._conclude_unstarted(DEADLINE_EXCEEDED, expired=self._expired(self._clock()))
+        if self._expired(self._clock()):
+            self._conclude_unstarted(EndCause.EXPIRY)
+        else:
+            self._conclude_unstarted(EndCause.FAILURE, DEADLINE_EXCEEDED)
         return False
 
     async def _watch(self) -> None:
         """Cut revisions as content changes (coalesced) until an end cause is set."""
         while self.end_cause is None:
             now = self._clock()
-            self._check_times(now)
+            self._end_if_due(now)
             if self.end_cause is not None:
                 return
             self._cut(now)
@@ -319,32 +331,37 @@ class DiscoverySession:
     async def _finish(self) -> None:
         """Final cut or erase, bounded stop, then the terminal status."""
         cause = self.end_cause
-        if cause in _COMPLETING:
+        if cause in COMPLETING:
             if self.table.cut(self._clock(), final=True) is not None:
                 self._revised()
         elif cause is EndCause.FAILURE and self._end_code == PROVIDER_RESTARTED:
             self.table.erase()
-        acknowledged = await self.stop_provider()
-        self._conclude(acknowledged)
+        self._conclude(await self.stop_provider())
 
-    async def stop_provider(self) -> bool:
-        """One bounded, shielded stop of the provider session; True only when it acknowledged."""
+    async def stop_provider(self) -> StopResult:
+        """One shielded stop of the provider session (the provider bounds it; the runtime backstops it)."""
         session = self._provider_session
         if session is None:
-            return True
-        with anyio.move_on_after(self.spec.profile.cleanup_timeout_ms / 1000.0, shield=True):
+            return StopResult.ACKNOWLEDGED
+        backstop_ms = stop_bound_ms(self.spec.scope) + _BACKSTOP_MARGIN_MS
+        with anyio.move_on_after(backstop_ms / 1000.0, shield=True):
             try:
-                await session.stop()
-            except Exception:  # StopUnconfirmed or any backend error: not an acknowledgement
-                return False
-            return True
-        return False
+                outcome = await session.stop()
+            except Exception:  # StopUnconfirmed or any backend error: neither acknowledged nor proven
+                return StopResult.UNCERTAIN
+            return StopResult.PROVEN if outcome is StopOutcome.PROVEN else StopResult.ACKNOWLEDGED
+        return StopResult.UNCERTAIN
+
+    def cleanup_confirmed_late(self, stop: StopResult) -> None:
+        """A background retry saw the acknowledgement (or a proof): cleanup confirmed, claim released."""
+        if self.ending is None:
+            return
+        self._apply_cleanup(confirmed_late(self.ending, stop))
+        self._touch()
 
     def cleanup_acknowledged_late(self) -> None:
         """A background retry saw the acknowledgement: cleanup confirmed, claim released."""
-        self.cleanup_state = "confirmed"
-        self.claim_state = "released"
-        self._touch()
+        self.cleanup_confirmed_late(StopResult.ACKNOWLEDGED)
 
     # ---- time ----------------------------------------------------------------------------------------------
 
@@ -358,18 +375,18 @@ class DiscoverySession:
     def _expired(self, now_ms: int) -> bool:
         return self.spec.expires_at_ms is not None and now_ms >= self.spec.expires_at_ms
 
-    def _check_times(self, now_ms: int) -> None:
-        """The earliest passed deadline ends the session (window first on a tie)."""
+    def _end_if_due(self, now_ms: int) -> None:
+        """The earliest passed deadline ends the session (`endings.due_cause`)."""
         spec = self.spec
-        window_cause = EndCause.DEADLINE if spec.cut_by_deadline else EndCause.WINDOW
-        candidates = [
-            (spec.window_end_ms, 0, window_cause),
-            (spec.timeout_at_ms, 1, EndCause.TIMEOUT),
-            (spec.expires_at_ms, 2, EndCause.EXPIRY),
-        ]
-        passed = [(at, rank, cause) for at, rank, cause in candidates if at is not None and now_ms >= at]
-        if passed:
-            self.request_end(min(passed)[2])
+        cause = due_cause(
+            now_ms,
+            window_end_ms=spec.window_end_ms,
+            cut_by_deadline=spec.cut_by_deadline,
+            timeout_at_ms=spec.timeout_at_ms,
+            expires_at_ms=spec.expires_at_ms,
+        )
+        if cause is not None:
+            self.request_end(cause)
 
     def _next_wake_ms(self, now_ms: int) -> int:
         spec = self.spec
@@ -414,61 +431,37 @@ class DiscoverySession:
         self._changed.set()
         self._changed = anyio.Event()
 
-    def _conclude_unstarted(self, code: str, *, expired: bool = False) -> None:
+    def _conclude_unstarted(self, cause: EndCause, code: str | None = None) -> None:
         """No provider session exists: nothing to stop, cleanup is trivially confirmed."""
-        self.cleanup_state = "confirmed"
-        self.claim_state = "released"
         self._accepting = False
-        self.table.erase()
-        if self.cancellation_state == "requested":
-            self._confirm_cancel()
-        elif expired:
-            self.error_code = DEADLINE_EXCEEDED
-            self._move(Status.EXPIRED)
-        else:
-            self.error_code = code
-            self._move(Status.FAILED)
+        if self.cancellation_state is not None:
+            cause = EndCause.CANCEL
+        self.end_cause, self._end_code = cause, code
+        self._conclude(StopResult.ACKNOWLEDGED)
 
-    def _conclude(self, acknowledged: bool) -> None:
-        """Report the terminal status for the end cause, now that the stop returned or gave up."""
-        self.cleanup_state = "confirmed" if acknowledged else "uncertain"
-        self.claim_state = "released" if acknowledged else "held"
-        cause = self.end_cause
-        if cause is EndCause.CANCEL:
-            self._conclude_cancel(acknowledged)
-        elif cause in _COMPLETING and acknowledged:
-            self.reason = cause.value if cause is not None else None
+    def _conclude(self, stop: StopResult) -> None:
+        """Report the terminal status for the end cause (`endings.conclude`), now that the stop ended."""
+        cause = self.end_cause or EndCause.FAILURE
+        ending = conclude(cause, self._end_code, stop)
+        self.ending = ending
+        self._apply_cleanup(ending)
+        self.reason = ending.reason
+        self.error_code = ending.error_code
+        if ending.cancellation is not None:
+            self.cancellation_state = ending.cancellation
+        if ending.cancellation is CancellationState.CONFIRMED:
+            self.cancellation_confirmed_at_ms = self._clock()
+        if ending.keeps_result:
             self.final_revision = self.revision
-            self._move(Status.COMPLETED)
-        elif cause in (EndCause.TIMEOUT, EndCause.EXPIRY):
-            self._conclude_deadline(cause)
         else:
-            self.error_code = self._end_code if acknowledged else CLEANUP_UNCONFIRMED
-            self._conclude_failed()
+            # A session that did not complete is never bindable: its candidates are dropped now.
+            self.table.erase()
+        self._move(ending.status)
 
-    def _conclude_cancel(self, acknowledged: bool) -> None:
-        if acknowledged:
-            self._confirm_cancel()
-            return
-        self.cancellation_state = "uncertain"
-        self.error_code = CANCELLATION_UNCONFIRMED
-        self._conclude_failed()
-
-    def _confirm_cancel(self) -> None:
-        self.cancellation_state = "confirmed"
-        self.cancellation_confirmed_at_ms = self._clock()
-        self.table.erase()
-        self._move(Status.CANCELLED)
-
-    def _conclude_deadline(self, cause: EndCause) -> None:
-        self.table.erase()
-        self.error_code = DEADLINE_EXCEEDED
-        self._move(Status.EXPIRED if cause is EndCause.EXPIRY else Status.TIMED_OUT)
-
-    def _conclude_failed(self) -> None:
-        # A failed session is never bindable: its candidates have no further use and are dropped now.
-        self.table.erase()
-        self._move(Status.FAILED)
+    def _apply_cleanup(self, ending: Ending) -> None:
+        self.ending = ending
+        self.cleanup_state = ending.cleanup
+        self.diagnostics = ending.diagnostics
 
 
 class SessionHandle:
@@ -517,7 +510,7 @@ class SessionHandle:
     @property
     def termination_confirmed(self) -> bool:
         """True once the session is terminal and its provider stop was acknowledged."""
-        return self._session.is_terminal and self._session.cleanup_state == "confirmed"
+        return self._session.is_terminal and self._session.cleanup_state is CleanupState.CONFIRMED
 
     def binding_target(self, ref: str) -> tuple[str, str] | None:
         """(transport, address) of a current candidate of this session."""

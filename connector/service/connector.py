@@ -73,6 +73,7 @@ class _Admitted:
     reply: Reply
     recorded: anyio.Event = field(default_factory=anyio.Event)
     failed: bool = False
+    refusal: SensoriumError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -268,8 +269,10 @@ class ConnectorService:
                 return _accepted(record.reply)
         if admitted is not None:
             check_idempotent_replay(admitted.fingerprint, fingerprint)
-            with anyio.CancelScope(shield=True):  # bounded by the first admission's one write
+            with anyio.CancelScope(shield=True):  # bounded: the first admission's claim and one write
                 await admitted.recorded.wait()
+            if admitted.refusal is not None:
+                raise admitted.refusal  # the first admission was refused: so is its repeat
             if admitted.failed:
                 raise SensoriumError("the first admission with this key failed", code="internal")
             return admitted.reply
@@ -323,8 +326,13 @@ class ConnectorService:
         )
         retry_after = _retry_after(action)
         self._reserve_live(principal.principal_id, op_id)
+        handle = _deferred_handle(op_id, action.action_id, retry_after, expires_at - now, cancelable=True)
+        reply = _accepted(handle)
+        admitted = _Admitted(fingerprint, reply)
+        if key is not None:
+            self._admitted[op_id] = admitted  # before any await: a concurrent repeat waits for this one
         try:
-            self.discovery.prepare_scan(
+            await self.discovery.prepare_scan(
                 operation_id=op_id,
                 owner=principal.principal_id,
                 action_id=action.action_id,
@@ -339,15 +347,6 @@ class ConnectorService:
                 causal_context=directive.get("causal/context"),
                 retry_after_seconds=retry_after,
             )
-        except BaseException:
-            self._end_live(op_id)
-            raise
-        handle = _deferred_handle(op_id, action.action_id, retry_after, expires_at - now, cancelable=True)
-        reply = _accepted(handle)
-        admitted = _Admitted(fingerprint, reply)
-        if key is not None:
-            self._admitted[op_id] = admitted
-        try:
             await self.state.insert_discovery(
                 DiscoveryRecord(
                     operation_id=op_id,
@@ -360,11 +359,13 @@ class ConnectorService:
                     causal_context=directive.get("causal/context"),
                 )
             )
-        except BaseException:
-            # No durable record, no work: the prepared session never runs and the refusal leaves.
+        except BaseException as error:
+            # Refused (claim) or no durable record: no work; the prepared session never runs.
             admitted.failed = True
+            admitted.refusal = error if isinstance(error, SensoriumError) else None
             self._admitted.pop(op_id, None)
             self.discovery.abandon(op_id)
+            self._end_live(op_id)
             raise
         finally:
             admitted.recorded.set()

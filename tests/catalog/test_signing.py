@@ -72,7 +72,7 @@ def test_discovery_profile_of_the_scan_action() -> None:
         min_revision_interval_ms=250,
         max_revisions=1000,
         candidate_ttl_seconds=30,
-        cleanup_timeout_ms=2000,
+        cleanup_timeout_ms=4000,
         allow_unfiltered=False,
         result_retention_seconds=600,
     )

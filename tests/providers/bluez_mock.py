@@ -1,14 +1,17 @@
-"""Emulated BlueZ for tests: a private dbus-daemon as the system bus and python-dbusmock's bluez5 template.
+"""Emulated BlueZ for tests: a private dbus-daemon as the system bus and `bluez_emu.py` as bluetoothd.
 
-Real bleak talks to it unmodified. `BluezController` plays bluetoothd: devices appear, advertise, vanish;
-adapters power off or disappear; StopDiscovery can fail or stall. Control calls use blocking libdbus
-(dbus-python) on a private connection, so the controller works from any event loop or none (asyncio,
-anyio, a plain thread). Never drive the mock while a stop is stalled: the stall blocks its main loop.
+Real bleak talks to it unmodified. `BluezController` plays the radio and the operator: adapters appear,
+power off or vanish; devices advertise (each call is one advertising report, which the emulator passes on
+by bluetoothd's rules), cached devices change non-advertising properties; StopDiscovery can fail, never
+answer, or the whole daemon can wedge. Control calls use blocking libdbus (dbus-python) on a private
+connection, so the controller works from any event loop or none.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import shutil
 import subprocess
@@ -24,12 +27,10 @@ import dbus.bus
 import dbus.exceptions
 import pytest
 
-ADAPTER_IFACE = "org.bluez.Adapter1"
-DEVICE_IFACE = "org.bluez.Device1"
-MOCK_IFACE = "org.freedesktop.DBus.Mock"
-BLUEZ_MOCK_IFACE = "org.bluez.Mock"
-OBJECT_MANAGER_IFACE = "org.freedesktop.DBus.ObjectManager"
 ENV_VAR = "DBUS_SYSTEM_BUS_ADDRESS"
+EMULATOR = Path(__file__).with_name("bluez_emu.py")
+CONTROL_PATH = "/org/bluez/emulator"
+CONTROL_IFACE = "org.bluez.Emulator"
 
 _BUS_CONF = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
  "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
@@ -45,81 +46,82 @@ _BUS_CONF = """<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configu
 </busconfig>
 """
 
-# Replaces the template's StopDiscovery once a fault is asked for. Flag files steer it, so that lifting a
-# stall needs no D-Bus call into the (blocked) mock. The stall is bounded so a forgotten lift cannot hang CI.
-_STOP_DISCOVERY_CODE = """
-deadline = time.time() + {max_stall_s}
-while os.path.exists({stall!r}) and time.time() < deadline:
-    time.sleep(0.002)
-if os.path.exists({fail!r}):
-    with open({fail!r}) as f:
-        name, _, text = f.read().partition("\\n")
-    raise dbus.exceptions.DBusException(text, name=name)
-self.UpdateProperties("org.bluez.Adapter1", {{"Discovering": dbus.Boolean(False)}})
-"""
-
-MAX_STALL_S = 20.0
-
-
-def _byte_array(data: bytes) -> dbus.Array:
-    return dbus.Array([dbus.Byte(b) for b in data], signature="y")
-
-
-def manufacturer_variant(data: Mapping[int, bytes]) -> dbus.Dictionary:
-    """BlueZ's `a{qv}` ManufacturerData (the template's own AddDevice gets this type wrong)."""
-    return dbus.Dictionary({dbus.UInt16(k): _byte_array(v) for k, v in data.items()}, signature="qv")
-
-
-def service_data_variant(data: Mapping[str, bytes]) -> dbus.Dictionary:
-    """BlueZ's `a{sv}` ServiceData."""
-    return dbus.Dictionary({dbus.String(k): _byte_array(v) for k, v in data.items()}, signature="sv")
-
 
 def device_path(adapter: str, address: str) -> str:
     """The BlueZ object path of a device under an adapter."""
     return f"/org/bluez/{adapter}/dev_{address.replace(':', '_').upper()}"
 
 
+def _advert(
+    rssi: int,
+    name: str | None,
+    service_uuids: Sequence[str] | None,
+    manufacturer_data: Mapping[int, bytes] | None,
+    service_data: Mapping[str, bytes] | None,
+    tx_power: int | None,
+) -> dict[str, Any]:
+    adv: dict[str, Any] = {"rssi": rssi, "uuids": list(service_uuids or ())}
+    if name is not None:
+        adv["name"] = name
+    if manufacturer_data:
+        adv["mfr"] = {str(k): v.hex() for k, v in manufacturer_data.items()}
+    if service_data:
+        adv["sd"] = {k: v.hex() for k, v in service_data.items()}
+    if tx_power is not None:
+        adv["tx_power"] = tx_power
+    return adv
+
+
 class BluezController:
-    """Plays bluetoothd through dbusmock: devices, adverts, adapter power and StopDiscovery faults."""
+    """Plays the radio and the operator against the emulated bluetoothd."""
 
     def __init__(self, emulator: BluezEmulator, adapter: str = "hci0") -> None:
         self._emulator = emulator
         self.adapter = adapter
         self._conn: Any = dbus.bus.BusConnection(emulator.address)
-        self._stop_overridden: set[str] = set()
-        self._burst_installed = False
+        # What each device advertised last: a real advertiser repeats its whole advert in every report.
+        self._adverts: dict[str, dict[str, Any]] = {}
 
     @property
     def address(self) -> str:
         """The private system bus address (also in DBUS_SYSTEM_BUS_ADDRESS while the fixture runs)."""
         return self._emulator.address
 
-    def _call(self, path: str, iface: str, member: str, signature: str = "", *args: Any) -> Any:
-        return self._conn.call_blocking("org.bluez", path, iface, member, signature, args)
+    def control(self, op: str, **args: Any) -> Any:
+        """One control call into the emulator."""
+        request = json.dumps({"op": op, **args})
+        answer = self._conn.call_blocking(
+            "org.bluez", CONTROL_PATH, CONTROL_IFACE, "Control", "s", (request,)
+        )
+        return json.loads(str(answer))
 
     def adapter_path(self, adapter: str | None = None) -> str:
         """Object path of `adapter` (default: the controller's)."""
         return f"/org/bluez/{adapter or self.adapter}"
 
-    def add_adapter(self, name: str | None = None, alias: str = "ci-adapter") -> str:
-        """Add an adapter (powered, central role); returns its object path."""
-        return str(self._call("/", BLUEZ_MOCK_IFACE, "AddAdapter", "ss", name or self.adapter, alias))
+    def add_adapter(self, name: str | None = None, powered: bool = True) -> str:
+        """Add an adapter (central role); returns its object path."""
+        return str(self.control("add_adapter", name=name or self.adapter, powered=powered))
 
     def remove_adapter(self, name: str | None = None) -> None:
-        """Remove an adapter (InterfacesRemoved), as when a dongle is unplugged."""
-        self._call("/", BLUEZ_MOCK_IFACE, "RemoveAdapter", "s", name or self.adapter)
+        """Remove an adapter and its devices (InterfacesRemoved), as when a dongle is unplugged."""
+        self.control("remove_adapter", name=name or self.adapter)
 
     def set_powered(self, powered: bool, adapter: str | None = None) -> None:
-        """Set Adapter1.Powered and emit PropertiesChanged."""
-        props = {"Powered": dbus.Boolean(powered)}
-        self._call(self.adapter_path(adapter), MOCK_IFACE, "UpdateProperties", "sa{sv}", ADAPTER_IFACE, props)
+        """Power the adapter on or off (off ends every discovery session on it)."""
+        self.control("set_powered", name=adapter or self.adapter, powered=powered)
 
     def discovering(self, adapter: str | None = None) -> bool:
         """The adapter's Discovering property."""
-        path = self.adapter_path(adapter)
-        value = self._call(path, "org.freedesktop.DBus.Properties", "Get", "ss", ADAPTER_IFACE, "Discovering")
-        return bool(value)
+        return bool(self.control("discovering", adapter=adapter or self.adapter))
+
+    def clients(self, adapter: str | None = None) -> list[str]:
+        """Unique bus names holding a discovery session on the adapter."""
+        return list(self.control("clients", adapter=adapter or self.adapter))
+
+    def filters(self, adapter: str | None = None) -> dict[str, Any]:
+        """Each client's discovery filter (None for regular discovery)."""
+        return dict(self.control("filters", adapter=adapter or self.adapter))
 
     def add_device(
         self,
@@ -133,38 +135,20 @@ class BluezController:
         tx_power: int | None = None,
         adapter: str | None = None,
     ) -> str:
-        """A device appears while scanning (AddObject + InterfacesAdded); returns its object path."""
-        adapter = adapter or self.adapter
-        path = device_path(adapter, address)
-        props: dict[str, Any] = {
-            "Address": dbus.String(address),
-            "AddressType": dbus.String("random"),
-            # BlueZ uses the address with dashes as alias when the device sends no name.
-            "Alias": dbus.String(name or address.replace(":", "-")),
-            "Adapter": dbus.ObjectPath(self.adapter_path(adapter)),
-            "Paired": dbus.Boolean(False),
-            "Connected": dbus.Boolean(False),
-            "Trusted": dbus.Boolean(False),
-            "Blocked": dbus.Boolean(False),
-            "UUIDs": dbus.Array([dbus.String(u) for u in service_uuids], signature="s"),
-            "RSSI": dbus.Int16(rssi),
-            "ManufacturerData": manufacturer_variant(manufacturer_data or {}),
-            "ServiceData": service_data_variant(service_data or {}),
-        }
-        if name is not None:
-            props["Name"] = dbus.String(name)
-        if tx_power is not None:
-            props["TxPower"] = dbus.Int16(tx_power)
-        typed = dbus.Dictionary(props, signature="sv")
-        self._call("/", MOCK_IFACE, "AddObject", "ssa{sv}a(ssss)", path, DEVICE_IFACE, typed, [])
-        added = dbus.Dictionary({DEVICE_IFACE: typed}, signature="sa{sv}")
-        self._call(
-            "/", MOCK_IFACE, "EmitSignal", "sssav", OBJECT_MANAGER_IFACE, "InterfacesAdded", "oa{sa{sv}}",
-            [dbus.ObjectPath(path), added],
+        """A device advertises (its first report creates the Device1 object); returns its object path."""
+        self.advertise(
+            address,
+            rssi=rssi,
+            name=name,
+            service_uuids=service_uuids,
+            manufacturer_data=manufacturer_data,
+            service_data=service_data,
+            tx_power=tx_power,
+            adapter=adapter,
         )
-        return path
+        return device_path(adapter or self.adapter, address)
 
-    def update(
+    def advertise(
         self,
         address: str,
         *,
@@ -175,105 +159,116 @@ class BluezController:
         service_data: Mapping[str, bytes] | None = None,
         tx_power: int | None = None,
         adapter: str | None = None,
-    ) -> None:
-        """A new advert or RSSI reading: PropertiesChanged from the device object."""
-        props: dict[str, Any] = {}
-        if rssi is not None:
-            props["RSSI"] = dbus.Int16(rssi)
-        if name is not None:
-            props["Name"] = dbus.String(name)
-            props["Alias"] = dbus.String(name)
-        if service_uuids is not None:
-            props["UUIDs"] = dbus.Array([dbus.String(u) for u in service_uuids], signature="s")
-        if manufacturer_data is not None:
-            props["ManufacturerData"] = manufacturer_variant(manufacturer_data)
-        if service_data is not None:
-            props["ServiceData"] = service_data_variant(service_data)
-        if tx_power is not None:
-            props["TxPower"] = dbus.Int16(tx_power)
-        path = device_path(adapter or self.adapter, address)
-        for optional in ("Name", "TxPower"):  # absent until the device first sends them
-            if optional in props:
-                self._ensure_property(path, optional, props[optional])
-        self._call(path, MOCK_IFACE, "UpdateProperties", "sa{sv}", DEVICE_IFACE, props)
+    ) -> bool:
+        """One advertising report (the device's last advert, with the given fields changed); True when
+        bluetoothd passed it on (discovering and wanted)."""
+        last = self._adverts.get(address, {"rssi": -60, "uuids": []})
+        adv = dict(last)
+        adv.update(
+            _advert(
+                rssi if rssi is not None else last["rssi"],
+                name,
+                service_uuids,
+                manufacturer_data,
+                service_data,
+                tx_power,
+            )
+        )
+        if service_uuids is None:
+            adv["uuids"] = last["uuids"]
+        self._adverts[address] = adv
+        return bool(self.control("report", adapter=adapter or self.adapter, address=address, adv=adv))
 
-    def _ensure_property(self, path: str, name: str, value: Any) -> None:
-        try:
-            self._call(path, MOCK_IFACE, "AddProperty", "ssv", DEVICE_IFACE, name, value)
-        except dbus.exceptions.DBusException as exc:
-            if not str(exc.get_dbus_name()).endswith(".PropertyExists"):
-                raise
+    def forget_advert(self, address: str) -> None:
+        """The device starts over (e.g. after it was removed): its next report is all that it sends."""
+        self._adverts.pop(address, None)
+
+    update = advertise
 
     def burst_rssi(self, address: str, values: Sequence[int], adapter: str | None = None) -> None:
-        """bluetoothd emits one RSSI PropertiesChanged per value, back to back (a loop inside the mock)."""
-        if not self._burst_installed:
-            code = (
-                "dev = objects[args[0]]\n"
-                "for v in args[1]:\n"
-                "    dev.UpdateProperties('org.bluez.Device1', {'RSSI': dbus.Int16(v)})\n"
+        """Reports back to back, one per RSSI value (one control call)."""
+        last = self._adverts.get(address, {"rssi": -60, "uuids": []})
+        advs = [{**last, "rssi": v} for v in values]
+        self.control("reports", adapter=adapter or self.adapter, address=address, advs=advs)
+
+    def add_cached(
+        self,
+        address: str,
+        *,
+        name: str | None = None,
+        service_uuids: Sequence[str] = (),
+        adapter: str | None = None,
+    ) -> str:
+        """A device BlueZ knows from before (paired, or from an earlier scan): Device1 without RSSI."""
+        return str(
+            self.control(
+                "add_cached",
+                adapter=adapter or self.adapter,
+                address=address,
+                name=name,
+                uuids=list(service_uuids),
             )
-            self._call("/", MOCK_IFACE, "AddMethod", "sssss", BLUEZ_MOCK_IFACE, "BurstRssi", "san", "", code)
-            self._burst_installed = True
-        path = device_path(adapter or self.adapter, address)
-        self._call("/", BLUEZ_MOCK_IFACE, "BurstRssi", "san", path, [dbus.Int16(v) for v in values])
+        )
+
+    def set_device(self, address: str, adapter: str | None = None, **props: bool | str) -> None:
+        """Non-advertising Device1 properties change (Trusted, Connected, Alias, ServicesResolved)."""
+        self.control("set_device", path=device_path(adapter or self.adapter, address), props=props)
+
+    def device_props(self, address: str, adapter: str | None = None) -> dict[str, Any] | None:
+        """The Device1 properties BlueZ holds now (None once removed)."""
+        result = self.control("device_props", path=device_path(adapter or self.adapter, address))
+        return None if result is None else dict(result)
 
     def remove(self, address: str, adapter: str | None = None) -> None:
-        """The device goes away (Adapter1.RemoveDevice: RemoveObject + InterfacesRemoved)."""
-        adapter = adapter or self.adapter
-        path = dbus.ObjectPath(device_path(adapter, address))
-        self._call(self.adapter_path(adapter), ADAPTER_IFACE, "RemoveDevice", "o", path)
+        """The device goes away (Adapter1.RemoveDevice: InterfacesRemoved)."""
+        self.forget_advert(address)
+        self.control("remove_device", path=device_path(adapter or self.adapter, address))
+
+    def calls(self, method: str) -> list[list[Any]]:
+        """[sender, path, args] of every call of `method` so far."""
+        return [list(row) for row in self.control("calls", member=method)]
 
     def method_calls(self, method: str, adapter: str | None = None) -> list[list[Any]]:
         """Argument lists of every call of an adapter method so far."""
-        rows = self._call(self.adapter_path(adapter), MOCK_IFACE, "GetMethodCalls", "s", method)
-        return [list(args) for _, args in rows]
-
-    def _override_stop(self, adapter: str | None) -> None:
         path = self.adapter_path(adapter)
-        if path in self._stop_overridden:
-            return
-        code = _STOP_DISCOVERY_CODE.format(
-            stall=str(self._emulator.stall_flag), fail=str(self._emulator.fail_flag), max_stall_s=MAX_STALL_S
-        )
-        self._add_adapter_method("StopDiscovery", code, adapter)
-        self._stop_overridden.add(path)
+        return [row[2] for row in self.calls(method) if row[1] == path]
 
-    def fail_stop(
-        self,
-        error: str = "org.bluez.Error.Failed",
-        message: str = "Operation failed",
-        adapter: str | None = None,
-    ) -> None:
+    def fail_stop(self, error: str = "org.bluez.Error.Failed", message: str = "Operation failed") -> None:
         """Make StopDiscovery answer with a D-Bus error until `clear_fail_stop()`."""
-        self._override_stop(adapter)
-        self._emulator.fail_flag.write_text(f"{error}\n{message}")
+        self.control("fail_stop", error=error, message=message)
 
     def clear_fail_stop(self) -> None:
         """StopDiscovery succeeds again."""
-        self._emulator.fail_flag.unlink(missing_ok=True)
+        self.control("fail_stop", error=None)
 
-    def stall_stop(self, adapter: str | None = None) -> None:
-        """Make StopDiscovery hang (no reply) until `lift_stall()`; blocks the whole mock meanwhile."""
-        self._override_stop(adapter)
-        self._emulator.stall_flag.touch()
+    def stall_stop(self, sender: str | None = None) -> None:
+        """The next StopDiscovery (or every one of `sender`) is never answered; its session stays."""
+        self.control("stall_stop", sender=sender)
+
+    def release_stalled(self) -> int:
+        """Answer the stalled StopDiscovery calls now; returns how many there were."""
+        return int(self.control("release_stalled"))
+
+    def wedge(self) -> None:
+        """bluetoothd's main loop hangs: no call is answered, no disconnect is handled, until `unwedge`."""
+        self.control("wedge")
+
+    def unwedge(self) -> None:
+        """The main loop runs again and serves the backlog in order."""
+        self.control("unwedge")
 
     def lift_stall(self) -> None:
-        """Let a stalled StopDiscovery answer (needs no D-Bus call into the blocked mock)."""
-        self._emulator.stall_flag.unlink(missing_ok=True)
+        """End every stall (fixture teardown)."""
+        self.unwedge()
+        self.release_stalled()
 
-    def fail_start(self, error: str = "org.bluez.Error.Failed", adapter: str | None = None) -> None:
-        """Make StartDiscovery answer with a D-Bus error (for the rest of this mock's life)."""
-        code = f"raise dbus.exceptions.DBusException('injected', name={error!r})"
-        self._add_adapter_method("StartDiscovery", code, adapter)
+    def fail_start(self, error: str = "org.bluez.Error.Failed") -> None:
+        """Make StartDiscovery answer with a D-Bus error."""
+        self.control("fail_start", error=error)
 
-    def _add_adapter_method(self, method: str, code: str, adapter: str | None) -> None:
-        path = self.adapter_path(adapter)
-        self._call(path, MOCK_IFACE, "AddMethod", "sssss", ADAPTER_IFACE, method, "", "", code)
-
-    def power_off_during_start(self, adapter: str | None = None) -> None:
-        """StartDiscovery succeeds, but the adapter reports Powered=False before the reply goes out."""
-        code = "self.UpdateProperties('org.bluez.Adapter1', {'Powered': dbus.Boolean(False)})"
-        self._add_adapter_method("StartDiscovery", code, adapter)
+    def power_off_during_start(self) -> None:
+        """StartDiscovery succeeds, but the adapter powers off right after."""
+        self.control("power_off_on_start")
 
     def stop_bluetoothd(self) -> None:
         """bluetoothd exits: org.bluez loses its owner (NameOwnerChanged)."""
@@ -289,12 +284,10 @@ class BluezController:
 
 
 class BluezEmulator:
-    """A private system bus with dbusmock's bluez5 on it; DBUS_SYSTEM_BUS_ADDRESS points there while open."""
+    """A private system bus with the emulated bluetoothd; DBUS_SYSTEM_BUS_ADDRESS points there while open."""
 
     def __init__(self) -> None:
-        self.dir = Path(tempfile.mkdtemp(prefix="bluez-emu-"))
-        self.stall_flag = self.dir / "stop.stall"
-        self.fail_flag = self.dir / "stop.fail"
+        self.dir = Path(tempfile.mkdtemp(prefix=f"bluez-emu-{os.getpid()}-"))
         self.address = ""
         self._bus: subprocess.Popen[bytes] | None = None
         self._mock: subprocess.Popen[bytes] | None = None
@@ -330,27 +323,25 @@ class BluezEmulator:
             raise RuntimeError("private dbus-daemon did not start")
 
     def _start_mock(self) -> None:
-        env = dict(os.environ, **{ENV_VAR: self.address})
-        # stdout to DEVNULL: the mock logs every call and blocks once a pipe nobody reads fills up.
         self._mock = subprocess.Popen(
-            [sys.executable, "-m", "dbusmock", "--system", "-t", "bluez5"],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
+            [sys.executable, str(EMULATOR), self.address],
+            stdout=subprocess.PIPE,
+            stderr=self._stderr(),
         )
-        conn: Any = dbus.bus.BusConnection(self.address)
-        try:
-            deadline = time.monotonic() + 10
-            while not conn.name_has_owner("org.bluez"):
-                if time.monotonic() > deadline or self._mock.poll() is not None:
-                    raise RuntimeError("dbusmock bluez5 did not come up")
-                time.sleep(0.01)
-        finally:
-            conn.close()
+        assert self._mock.stdout is not None
+        line = self._mock.stdout.readline()
+        self._mock.stdout.close()
+        if line.strip() != b"ready":
+            raise RuntimeError("the emulated bluetoothd did not come up")
+
+    @staticmethod
+    def _stderr() -> Any:
+        """DEVNULL, or BLUEZ_EMU_STDERR=PATH to keep the emulator's tracebacks (a test double's own bugs)."""
+        path = os.environ.get("BLUEZ_EMU_STDERR")
+        return subprocess.DEVNULL if not path else open(path, "ab")
 
     def stop_mock(self) -> None:
-        """Terminate the fake bluetoothd (its bus name vanishes)."""
-        self.stall_flag.unlink(missing_ok=True)
+        """Terminate the emulated bluetoothd (its bus name vanishes)."""
         _terminate(self._mock)
         self._mock = None
 
@@ -360,7 +351,7 @@ class BluezEmulator:
         self._bus = None
 
     def close(self) -> None:
-        """Stop the mock and the bus, restore the environment, remove the temp dir."""
+        """Stop the emulator and the bus, restore the environment, remove the temp dir."""
         self.stop_mock()
         self.stop_bus()
         if self._saved_env is None:
@@ -437,5 +428,6 @@ def bluez() -> Iterator[BluezController]:
             controller.add_adapter()
             yield controller
         finally:
-            controller.lift_stall()
+            with contextlib.suppress(dbus.exceptions.DBusException):
+                controller.lift_stall()
             controller.close()

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import time
 
 import pytest
@@ -10,7 +12,8 @@ from bluez_mock import BluezController, RecordingSink, bluez
 
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from connector.errors import ProviderError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
-from providers.ble import BleProvider
+from providers.base import PROOF_BOUND_MS, StopOutcome
+from providers.ble import BleProvider, BleSession
 
 __all__ = ["bluez"]  # the fixture, imported above
 
@@ -127,60 +130,60 @@ async def test_stop_discovery_acknowledged_returns_and_is_idempotent(bluez: Blue
 
 
 @pytest.mark.asyncio
-async def test_stop_refused_by_bluez_is_unconfirmed_then_a_retry_succeeds(bluez: BluezController) -> None:
+async def test_stop_refused_by_bluez_is_proven_by_disconnecting_the_worker(bluez: BluezController) -> None:
     sink = RecordingSink()
     session = await BleProvider().start(ble_scope(), sink)
+    assert isinstance(session, BleSession)
+    name = session.unique_name
     bluez.fail_stop("org.bluez.Error.Failed", "Operation failed")
-    with pytest.raises(StopUnconfirmed) as caught:
-        await session.stop()
-    assert caught.value.code == "cleanup-unconfirmed"
-    assert caught.value.diagnostics == ({"code": "ble-backend", "message": "org.bluez.Error.Failed"},)
-    assert bluez.discovering()
     bluez.add_device(DEV_A, service_uuids=[HEART])
-    bluez.update(DEV_A, rssi=-30)
-    with pytest.raises(StopUnconfirmed):  # BlueZ still refuses: still uncertain, never "stopped"
-        await session.stop()
-    bluez.clear_fail_stop()
-    await session.stop()
-    assert not bluez.discovering()
-    assert len(bluez.method_calls("StopDiscovery")) == 3
-    await session.stop()
-    assert len(bluez.method_calls("StopDiscovery")) == 3
-    # Adverts arriving while the stop was uncertain never reached the sink.
-    assert sink.observations == []
+    assert await session.stop() is StopOutcome.PROVEN
+    # Killing the worker closed its connection: bluetoothd dropped its discovery session.
+    assert name not in bluez.clients() and not bluez.discovering()
+    assert len(bluez.method_calls("StopDiscovery")) == 1
+    assert await session.stop() is StopOutcome.PROVEN  # idempotent
+    assert len(bluez.method_calls("StopDiscovery")) == 1
+    assert all(o.address != DEV_A for o in sink.observations[1:])
 
 
 @pytest.mark.asyncio
-async def test_a_retry_answered_no_discovery_started_is_an_acknowledgement(bluez: BluezController) -> None:
+async def test_no_discovery_started_is_an_acknowledgement(bluez: BluezController) -> None:
     session = await BleProvider().start(ble_scope(), RecordingSink())
-    bluez.fail_stop("org.bluez.Error.Failed", "Operation failed")
-    with pytest.raises(StopUnconfirmed):
-        await session.stop()
     # bluetoothd's answer when this D-Bus client holds no discovery session any more.
     bluez.fail_stop("org.bluez.Error.Failed", "No discovery started")
-    await session.stop()
+    assert await session.stop() is StopOutcome.ACKNOWLEDGED
 
 
 @pytest.mark.asyncio
-async def test_stalled_stop_is_unconfirmed_within_the_bound_and_a_later_retry_succeeds(
+async def test_a_stop_never_answered_is_proven_within_the_bound_and_the_session_is_gone(
     bluez: BluezController,
 ) -> None:
     session = await BleProvider().start(ble_scope(cleanup_timeout_ms=300), RecordingSink())
-    bluez.stall_stop()
+    assert isinstance(session, BleSession)
+    bluez.stall_stop(session.unique_name)
+    started = time.monotonic()
+    assert await session.stop() is StopOutcome.PROVEN
+    assert 0.29 <= time.monotonic() - started < 0.3 + PROOF_BOUND_MS / 1000
+    assert bluez.clients() == [] and not bluez.discovering()
+
+
+@pytest.mark.asyncio
+async def test_a_wedged_bluetoothd_leaves_the_stop_unconfirmed_until_it_answers(
+    bluez: BluezController,
+) -> None:
+    session = await BleProvider().start(ble_scope(cleanup_timeout_ms=300), RecordingSink())
+    assert isinstance(session, BleSession)
+    bluez.wedge()
     started = time.monotonic()
     with pytest.raises(StopUnconfirmed) as caught:
         await session.stop()
-    elapsed = time.monotonic() - started
-    assert 0.29 <= elapsed < 0.8
+    assert time.monotonic() - started < 0.3 + PROOF_BOUND_MS / 1000 + 0.5
     assert caught.value.code == "cleanup-unconfirmed"
-    started = time.monotonic()
-    with pytest.raises(StopUnconfirmed):  # still stalled: the retry is bounded too
+    with pytest.raises(StopUnconfirmed):  # still wedged: the retry is bounded by the proof too
         await session.stop()
-    assert time.monotonic() - started < 0.8
-    bluez.lift_stall()
-    await session.stop()  # joins the StopDiscovery still waiting for its reply
-    assert not bluez.discovering()
-    assert len(bluez.method_calls("StopDiscovery")) == 1
+    bluez.unwedge()  # bluetoothd handles the disconnect, then answers the round trip
+    assert await session.stop() is StopOutcome.PROVEN
+    assert bluez.clients() == []
 
 
 @pytest.mark.asyncio
@@ -192,9 +195,30 @@ async def test_stop_cancelled_by_the_caller_keeps_waiting_for_bluez(bluez: Bluez
     stopping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stopping
-    bluez.lift_stall()
-    await session.stop()
+    bluez.release_stalled()
+    assert await session.stop() is StopOutcome.ACKNOWLEDGED  # joined the StopDiscovery still waiting
     assert not bluez.discovering()
+    assert len(bluez.method_calls("StopDiscovery")) == 1
+
+
+@pytest.mark.asyncio
+async def test_a_worker_crash_fails_only_its_session_and_its_end_is_proven(bluez: BluezController) -> None:
+    provider = BleProvider()
+    crashing, healthy = RecordingSink(), RecordingSink()
+    doomed = await provider.start(ble_scope(), crashing)
+    other = await provider.start(ble_scope(), healthy)
+    assert isinstance(doomed, BleSession) and isinstance(other, BleSession)
+    assert len(bluez.clients()) == 2
+    assert doomed.worker_pid is not None
+    os.kill(doomed.worker_pid, signal.SIGKILL)
+    failure = await crashing.wait_for_failure()
+    assert type(failure) is ProviderError and failure.code == "provider-failure"
+    assert await doomed.stop() is StopOutcome.PROVEN
+    assert bluez.clients() == [other.unique_name]
+    bluez.add_device(DEV_A, service_uuids=[HEART])
+    await healthy.wait_for(lambda o: o.address == DEV_A)
+    assert healthy.failures == []
+    assert await other.stop() is StopOutcome.ACKNOWLEDGED
 
 
 # ------------------------------------------------------------------------------------ mid-session

@@ -1,13 +1,20 @@
 """Whole discovery sessions on the real BLE provider (bleak, unpatched) against emulated BlueZ.
 
-The runtime turns BlueZ's StopDiscovery answer into the terminal status: acknowledged -> `cancelled`;
-refused or stalled -> `failed` `cancellation-unconfirmed` with the claim held until a later acknowledgement.
+The runtime turns the stop into the terminal status: acknowledged, or proven by disconnecting the worker,
+-> `cancelled` (the proof adds `stop-by-disconnect`); a wedged bluetoothd -> `failed`
+`cancellation-unconfirmed` with the claim held until a later round trip answers.
 """
 
 from __future__ import annotations
 
+import os
 import secrets
+import signal
+import subprocess
+import sys
 import time
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -17,9 +24,10 @@ from bluez_mock import BluezController, bluez
 from connector.contract.validate import validate
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter
+from connector.errors import AdmissionError
 from connector.runtime.claims import claim_key
 from connector.runtime.manager import DiscoveryManager, wall_clock_ms
-from providers.ble import BleProvider
+from providers.ble import BleProvider, BleSession
 
 __all__ = ["bluez"]  # the fixture, imported above
 
@@ -51,15 +59,21 @@ def new_manager() -> DiscoveryManager:
     return DiscoveryManager(cleanup_retry_initial_s=0.05, cleanup_retry_max_s=0.2)
 
 
-async def start_scan(manager: DiscoveryManager, window_ms: int = 10_000) -> str:
+async def start_scan(
+    manager: DiscoveryManager,
+    window_ms: int = 10_000,
+    *,
+    adapter: str | None = None,
+    profile: DiscoveryProfile = PROFILE,
+) -> str:
     operation_id = random_operation_id(OPERATION_KIND, secrets.token_bytes(16))
     now = wall_clock_ms()
     await manager.start_scan(
         operation_id=operation_id,
         owner="alice",
         action_id="device.discovery.scan",
-        scope=SCOPE,
-        profile=PROFILE,
+        scope=replace(SCOPE, adapter=adapter),
+        profile=profile,
         provider=BleProvider(),
         now_ms=now,
         window_end_ms=now + window_ms,
@@ -115,46 +129,197 @@ async def test_scan_sees_devices_added_during_it_and_cancel_is_confirmed_by_stop
         assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert not bluez.discovering()
         assert len(bluez.method_calls("StopDiscovery")) == 1
-        assert manager.claims.holder(claim_key("ble", None)) is None
+        assert manager.claims.holder(claim_key("ble", "hci0")) is None
         assert "stranger" not in repr(polls) and STRANGER not in repr(polls) and STRAP not in repr(polls)
         assert_valid(polls)
 
 
 @pytest.mark.asyncio
-@pytest.mark.parametrize("fault", ["refused", "stalled"])
-async def test_unacknowledged_stop_ends_cancellation_unconfirmed_and_holds_the_claim(
+@pytest.mark.parametrize("fault", ["refused", "never-answered"])
+async def test_an_unacknowledged_stop_cancels_with_stop_by_disconnect(
     bluez: BluezController, fault: str
 ) -> None:
     async with new_manager() as manager:
         operation_id = await start_scan(manager)
         polls = await poll_until(manager, operation_id, lambda s: s["status"] == "running")
+        assert len(bluez.clients()) == 1
         if fault == "refused":
             bluez.fail_stop("org.bluez.Error.Failed", "Operation failed")
         else:
-            bluez.stall_stop()
+            bluez.stall_stop(bluez.clients()[0])
         started = time.monotonic()
         polls.append(manager.cancel(operation_id))
         polls += await poll_until(manager, operation_id, lambda s: s["status"] not in ("pending", "running"))
-        assert time.monotonic() - started < 2.0  # bounded by cleanup_timeout_ms, not by BlueZ
+        assert time.monotonic() - started < PROFILE.cleanup_timeout_ms / 1000 + 2.0
+        final = polls[-1]
+        assert final["status"] == "cancelled"
+        assert final["cancellation"]["state"] == "confirmed"
+        assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
+        assert final["diagnostics"] == [{"code": "stop-by-disconnect"}]
+        assert bluez.clients() == [] and not bluez.discovering()  # the sender's session is gone
+        assert manager.claims.holder(claim_key("ble", "hci0")) is None
+        assert_valid(polls)
+
+
+@pytest.mark.asyncio
+async def test_a_wedged_bluetoothd_holds_the_claim_until_it_answers(bluez: BluezController) -> None:
+    async with new_manager() as manager:
+        operation_id = await start_scan(manager)
+        polls = await poll_until(manager, operation_id, lambda s: s["status"] == "running")
+        bluez.wedge()
+        polls.append(manager.cancel(operation_id))
+        polls += await poll_until(manager, operation_id, lambda s: s["status"] not in ("pending", "running"))
         final = polls[-1]
         assert final["status"] == "failed"
         assert final["error"]["code"] == "cancellation-unconfirmed"
         assert final["cancellation"]["state"] == "uncertain"
         assert final["cleanup"] == {"state": "uncertain", "claim": "held"}
-        assert manager.claims.holder(claim_key("ble", None)) == operation_id
+        assert manager.claims.holder(claim_key("ble", "hci0")) == operation_id
         assert_valid(polls)
-        # Only a later acknowledgement releases the claim (the background retry keeps asking BlueZ).
-        if fault == "refused":
-            bluez.clear_fail_stop()
-        else:
-            bluez.lift_stall()
+        # A new scan on that adapter (named, or the default resolving to it) is refused before any start.
+        for adapter in ("hci0", None):
+            with pytest.raises(AdmissionError) as refused:
+                await start_scan(manager, adapter=adapter)
+            assert refused.value.code == "transport-claimed" and refused.value.retry_after_seconds >= 1
+        bluez.unwedge()  # bluetoothd handles the disconnect; the background retry's round trip answers
         with anyio.fail_after(5):
-            while manager.claims.holder(claim_key("ble", None)) is not None:
+            while manager.claims.holder(claim_key("ble", "hci0")) is not None:
                 await anyio.sleep(0.05)
         after = manager.status(operation_id)
         assert after["status"] == "failed"  # a terminal status never changes
         assert after["cleanup"] == {"state": "confirmed", "claim": "released"}
-        assert not bluez.discovering()
+        assert after["diagnostics"] == [{"code": "stop-by-disconnect"}]
+        assert bluez.clients() == []
+
+
+@pytest.mark.asyncio
+async def test_two_scans_on_one_adapter_run_as_two_bluez_clients(bluez: BluezController) -> None:
+    async with new_manager() as manager:
+        named = await start_scan(manager, window_ms=2000, adapter="hci0")
+        default = await start_scan(manager, window_ms=2000)
+        for operation_id in (named, default):
+            await poll_until(manager, operation_id, lambda s: s["status"] == "running")
+        clients = bluez.clients()
+        assert len(clients) == 2 and len(set(clients)) == 2
+        bluez.add_device(STRAP, name="strap-1", service_uuids=[HEART])
+        finals = []
+        for operation_id in (named, default):
+            polls = await poll_until(
+                manager, operation_id, lambda s: s["status"] not in ("pending", "running")
+            )
+            finals.append(polls[-1])
+            assert_valid(polls)
+        for final in finals:
+            assert final["status"] == "completed"
+            assert [c["label"] for c in final["result"]["candidates"]] == ["strap-1"]
+            assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
+        assert bluez.clients() == []
+        assert len(bluez.calls("StartDiscovery")) == 2 and all(
+            row[0] in clients for row in bluez.calls("StartDiscovery")
+        )
+
+
+@pytest.mark.asyncio
+async def test_a_steady_device_stays_present_for_three_ttls(bluez: BluezController) -> None:
+    profile = replace(
+        PROFILE, candidate_ttl_seconds=2
+    )  # times are whole seconds: 2 s is the shortest sure TTL
+    async with new_manager() as manager:
+        operation_id = await start_scan(manager, window_ms=6_500, profile=profile)
+        await poll_until(manager, operation_id, lambda s: s["status"] == "running")
+        data = {0x004C: b"\x02\x15"}
+        bluez.add_device(STRAP, name="strap-1", service_uuids=[HEART], rssi=-60, manufacturer_data=data)
+        await poll_until(manager, operation_id, lambda s: snapshot_labels(s) == ["strap-1"])
+        polls: list[dict[str, Any]] = []
+        while True:
+            # The same advert at the same strength: signalled only because the session asked for every report.
+            bluez.advertise(STRAP, rssi=-61, manufacturer_data=data)
+            polls.append(manager.status(operation_id))
+            if polls[-1]["status"] != "running":
+                break
+            assert snapshot_labels(polls[-1]) == ["strap-1"]
+            await anyio.sleep(0.25)
+        assert polls[-1]["status"] == "completed"
+        assert [c["label"] for c in polls[-1]["result"]["candidates"]] == ["strap-1"]
+        assert len(polls) >= 20
+
+
+@pytest.mark.asyncio
+async def test_a_worker_crash_fails_its_session_only_and_releases_the_claim_after_the_proof(
+    bluez: BluezController,
+) -> None:
+    async with new_manager() as manager:
+        doomed = await start_scan(manager)
+        healthy = await start_scan(manager, window_ms=3000)
+        for operation_id in (doomed, healthy):
+            await poll_until(manager, operation_id, lambda s: s["status"] == "running")
+        assert len(bluez.clients()) == 2
+        session = manager._sessions[doomed]._provider_session
+        assert isinstance(session, BleSession) and session.worker_pid is not None
+        os.kill(session.worker_pid, signal.SIGKILL)
+        polls = await poll_until(manager, doomed, lambda s: s["status"] not in ("pending", "running"))
+        final = polls[-1]
+        assert final["status"] == "failed" and final["error"]["code"] == "provider-failure"
+        assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
+        assert final["diagnostics"] == [{"code": "stop-by-disconnect"}]
+        assert len(bluez.clients()) == 1
+        bluez.add_device(STRAP, name="strap-1", service_uuids=[HEART])
+        polls = await poll_until(manager, healthy, lambda s: s["status"] not in ("pending", "running"))
+        assert polls[-1]["status"] == "completed"
+        assert snapshot_labels(polls[-1]) == ["strap-1"]
+        assert_valid(polls)
+
+
+_CONNECTOR = """
+import asyncio, sys
+from connector.core.scope import DiscoveryScope, ScopeFilter
+from connector.errors import AdmissionError
+from providers.ble import BleProvider, BleSession
+
+class Sink:
+    def observe(self, observation): pass
+    def fail(self, error): pass
+
+async def main():
+    scope = DiscoveryScope("ble", 10, 64, 65536, ScopeFilter(name_prefix="x"), cleanup_timeout_ms=300)
+    session = await BleProvider().start(scope, Sink())
+    print(session.worker_pid, flush=True)
+    await asyncio.sleep(60)
+
+asyncio.run(main())
+"""
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] != "Z"  # a zombie waits for init to reap it: not running
+
+
+def test_a_sigkilled_connector_leaves_no_worker_behind(bluez: BluezController) -> None:
+    connector = subprocess.Popen(
+        [sys.executable, "-c", _CONNECTOR], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
+    try:
+        assert connector.stdout is not None
+        worker = int(connector.stdout.readline())
+        assert _alive(worker) and len(bluez.clients()) == 1
+        connector.kill()
+        connector.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while _alive(worker) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not _alive(worker)
+        while bluez.clients() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert bluez.clients() == []  # its connection closed with it: bluetoothd dropped the session
+    finally:
+        connector.kill()
+        connector.wait(timeout=10)
+        if connector.stdout is not None:
+            connector.stdout.close()
 
 
 @pytest.mark.asyncio

@@ -86,7 +86,7 @@ async def wait_until(predicate: object, timeout_s: float = 5.0) -> None:
 async def live_session(controller: BluezController) -> TableSink:
     """A heart-rate scan with the real provider while the story plays."""
     sink = TableSink(HEART_SCOPE)
-    session = await BleProvider().start(HEART_SCOPE, sink)
+    session = await BleProvider(every_report=True).start(HEART_SCOPE, sink)
     try:
         drive(controller)
         await wait_until(lambda: any(o.rssi == -51 for o in sink.observations))  # type: ignore[union-attr]
@@ -111,7 +111,7 @@ async def record(
     """`fixtures record --transport ble` as a library call, with the story played once the provider runs."""
     header = FixtureHeader("ble", "2026-11-30T10:00:00Z", "hci0", library_versions(), "emulated BlueZ")
     recorder = Recorder(
-        BleProvider(adapter="hci0"),
+        BleProvider(adapter="hci0", every_report=True),
         recording_scope("ble", 2, adapter="hci0"),
         FixtureFile(target),
         header,
@@ -208,8 +208,9 @@ async def test_no_adapter_fails_the_recording_and_leaves_nothing(
 ) -> None:
     bluez.remove_adapter()
     header = FixtureHeader("ble", "2026-11-30T10:00:00Z", None, {}, "")
-    recorder = Recorder(BleProvider(), recording_scope("ble", 1), FixtureFile(tmp_path / "x.jsonl"), header,
-                        pseudonymiser=Pseudonymiser())
+    target = FixtureFile(tmp_path / "x.jsonl")
+    provider = BleProvider(every_report=True)
+    recorder = Recorder(provider, recording_scope("ble", 1), target, header, pseudonymiser=Pseudonymiser())
     result = await recorder.run(1)
     assert result.outcome is RecordingOutcome.FAILED and result.error is not None
     assert result.error.code == "provider-unavailable"

@@ -90,7 +90,7 @@ def test_registry_refuses_a_fixture_of_another_transport(fixtures_dir: Path) -> 
 @pytest.mark.parametrize(
     ("transport", "module_name", "class_name", "expected"),
     [
-        ("ble", "providers.ble", "BleProvider", {"adapter": "hci1"}),
+        ("ble", "providers.ble", "BleProvider", {"adapter": "hci1", "every_report": False}),
         ("usb-serial", "providers.serial", "SerialProvider", {}),
         ("mdns", "providers.mdns", "MdnsProvider", {"interfaces": ["127.0.0.1"]}),
     ],

@@ -17,7 +17,7 @@ Phases, each with `--workers` concurrent httpx.AsyncClient workers on kept-alive
 
 The fixture (64 heart-rate devices, then one RSSI change of all of them per second) and the principals are
 written to a temporary data dir. Usage (from the repo root):
-`.venv/bin/python bench/http.py [--workers 8] [--requests 3000] [--seconds 15] [--principals 64]`.
+`.venv/bin/python bench/http_bench.py [--workers 8] [--requests 3000] [--seconds 15] [--principals 64]`.
 """
 
 from __future__ import annotations
@@ -94,8 +94,8 @@ def write_fixture(path: Path, seconds: int = 60) -> None:
         "source": "synthesised",
         "recorded_at": "2026-11-30T00:00:00Z",
         "adapter": "hci0",
-        "versions": {"generator": "bench/http.py", "format": 1},
-        "notes": "Synthesised for bench/http.py: 64 heart-rate devices, an RSSI change of all per second.",
+        "versions": {"generator": "bench/http_bench.py", "format": 1},
+        "notes": "Synthesised for bench/http_bench.py: 64 heart-rate devices, all RSSIs change every second.",
     }
     lines = [json.dumps(header)]
     for tick in range(seconds):
@@ -201,7 +201,7 @@ async def measure_wake(base_url: str, location: str, headers: dict[str, str], sa
 
 async def main(args: argparse.Namespace) -> int:
     """Set up, start `serve`, run the phases, print the figures."""
-    print("command:", shlex.join([".venv/bin/python", "bench/http.py", *sys.argv[1:]]))
+    print("command:", shlex.join([".venv/bin/python", "bench/http_bench.py", *sys.argv[1:]]))
     with tempfile.TemporaryDirectory(prefix="bench-http-") as temp:
         base = Path(temp)
         fixture = base / "bench-64.jsonl"
