@@ -162,7 +162,10 @@ async def soak(args: argparse.Namespace, url: str, pid: int, tokens: list[str]) 
     blocks = [Block() for _ in range((args.operations + args.block - 1) // args.block)]
     admitted = 0
     ended = [0] * len(blocks)
-    limits = httpx.Limits(max_connections=args.in_flight, max_keepalive_connections=args.in_flight)
+    # Idle connections close before uvicorn's 5 s keep-alive timeout would close them under a request.
+    limits = httpx.Limits(
+        max_connections=args.in_flight, max_keepalive_connections=args.in_flight, keepalive_expiry=2.0
+    )
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60.0) as client:
 
         async def one(number: int) -> None:
@@ -247,10 +250,15 @@ async def main(args: argparse.Namespace) -> int:
         ]
         argv = [sys.executable, "-m", "connector", "serve", "--data-dir", str(data), "--port", "0"]
         argv += ["--catalog", str(catalog), "--trust", str(trust), "--replay", f"ble={fixture}"]
-        process, url = await start_serve(argv, base / "serve.log")
+        log = Path(args.log) if args.log else base / "serve.log"
+        process, url = await start_serve(argv, log)
         try:
             started = time.monotonic()
-            blocks = await soak(args, url, process.pid, tokens)
+            try:
+                blocks = await soak(args, url, process.pid, tokens)
+            except httpx.TransportError:
+                print(f"serve exit code: {process.poll()}; its log:", log.read_text(errors="replace")[-3000:])
+                raise
             seconds = time.monotonic() - started
             await asyncio.sleep(args.retention + 2)
             settled = rss_kib(process.pid)
@@ -271,6 +279,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--retention", type=int, default=3, help="result_retention_seconds of the catalog")
     parser.add_argument("--block", type=int, default=5_000)
     parser.add_argument("--principals", type=int, default=8, help="callers the scans rotate through")
+    parser.add_argument("--log", default="", help="where the server's log goes (default: the temp dir)")
     return parser.parse_args()
 
 
