@@ -291,7 +291,9 @@ async def prefill(url: str, tokens: list[str], args: argparse.Namespace) -> None
     """Admit `--retained` 1 s scans first (unmeasured); wait until their results were erased."""
     started = time.monotonic()
     issued = 0
-    limits = httpx.Limits(max_connections=args.workers, max_keepalive_connections=args.workers)
+    limits = httpx.Limits(
+        max_connections=args.workers, max_keepalive_connections=args.workers, keepalive_expiry=2.0
+    )
     async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60.0) as client:
 
         async def worker() -> None:
