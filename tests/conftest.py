@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -29,3 +30,30 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 def repo_root() -> Path:
     """The repository root."""
     return REPO_ROOT
+
+
+# ---- every HTTP answer the suite sees against /openapi.json (see tests/openapi_check.py) -----------
+
+_MISMATCHES: list[str] = []
+
+
+def _install_openapi_check() -> None:
+    from openapi_check import install
+
+    install(_MISMATCHES)
+
+
+_install_openapi_check()
+
+
+@pytest.fixture(autouse=True)
+def _responses_match_openapi() -> Any:
+    """Fail a test during which an answer contradicted the OpenAPI document (even if code swallowed it)."""
+    from openapi_check import forget_served
+
+    _MISMATCHES.clear()
+    forget_served()
+    yield
+    seen = list(_MISMATCHES)
+    _MISMATCHES.clear()
+    assert not seen, "answers the OpenAPI document does not describe:\n" + "\n".join(seen)

@@ -17,7 +17,24 @@ from connector.api.errors import (
     JsonResponse,
     install_error_handlers,
 )
+from connector.api.openapi import Ok, Route, declare, install_openapi
+from connector.resources import version
 from connector.service.connector import ConnectorService
+
+# What no JSON Schema can say about open objects (`input`, `extensions`, `causal/context`), nor about the
+# spelling of a number (JSON Schema counts 1.0 as the integer 1).
+API_DESCRIPTION = (
+    "The Sensorium OS discovery connector (SPEC 9). Wire rule (SPEC 1): every number in a request body is an "
+    "integer within +-(2^53 - 1) written without fraction or exponent, anywhere in the body, open objects "
+    "included; strings are valid Unicode and objects repeat no key. A body that is not strict JSON answers "
+    "400 `invalid-json`, other numbers 422 `invalid-directive` / `invalid-input`."
+)
+HEALTH = Route(
+    oks=(Ok(200, ("health",), description="ready"), Ok(503, ("health",), description="starting")),
+    refusals=("internal",),
+    authenticated=False,
+)
+METRICS = Route(oks=(Ok(200, media_type="text/plain"),), refusals=("internal",), authenticated=False)
 
 
 @dataclass(slots=True)
@@ -45,7 +62,14 @@ def create_app(
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
 ) -> FastAPI:
     """Build the HTTP face of one connector process."""
-    app = FastAPI(title="sensorium-os-connector", version="0.1.0", docs_url=None, redoc_url=None)
+    app = FastAPI(
+        title="sensorium-os-connector",
+        version=version(),
+        description=API_DESCRIPTION,
+        docs_url=None,
+        redoc_url=None,
+    )
+    install_openapi(app)
     install_error_handlers(app)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
     app.add_middleware(InternalErrors)  # added last: outermost, so it also covers the body limit
@@ -53,13 +77,13 @@ def create_app(
     for router in routers:
         app.include_router(router)
 
-    @app.get("/healthz")
+    @app.get("/healthz", **declare(HEALTH))
     async def healthz() -> Response:
         """200 once ready, else 503."""
         ready = readiness.ready
         return JsonResponse({"status": "ok" if ready else "starting"}, status_code=200 if ready else 503)
 
-    @app.get("/metrics")
+    @app.get("/metrics", **declare(METRICS))
     async def prometheus() -> Response:
         """Prometheus counters; never candidate data."""
         return Response(generate_latest(metrics), media_type=CONTENT_TYPE_LATEST)

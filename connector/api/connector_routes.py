@@ -9,31 +9,79 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from connector.api.errors import bearer_token, parse_json_body, to_response
+from connector.api.openapi import Ok, Route, declare
 from connector.errors import SensoriumError
+from connector.service.bindings import list_bindings
 from connector.service.connector import ConnectorService
 from connector.service.replies import Reply, error_reply
 
-_OPAQUE = {"type": "string", "minLength": 1, "maxLength": 128}
-
-
-def _json_body(schema: dict[str, Any]) -> dict[str, Any]:
-    """OpenAPI `requestBody` of a JSON route (documentation only: the service checks every body)."""
-    return {"requestBody": {"required": True, "content": {"application/json": {"schema": schema}}}}
-
-
-def _closed(*required: str) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": list(required),
-        "properties": {name: _OPAQUE for name in required},
-    }
-
-
-_DIRECTIVE_BODY = _json_body({"type": "object"})
-_SELECTION_BODY = _json_body(_closed("candidate/ref"))
-_BINDING_BODY = _json_body(_closed("candidate/ref", "idempotency_key"))
-_ERROR = {"description": "a sensorium-error.v1 refusal"}
+_AUTH = ("unauthenticated", "internal")
+_BODY = ("invalid-json", "body-too-large")
+_STATUS_BODIES = ("deferred-operation-status.v1", "deferred-operation-status.v2")
+INVOKE = Route(
+    oks=(
+        Ok(200, ("sensorium-directive-result.v1",), description="the result of a sync directive"),
+        Ok(
+            202,
+            ("sensorium-connector-deferred.v1",),
+            headers=("Location", "Retry-After"),
+            required_headers=("Location", "Retry-After"),
+        ),
+    ),
+    refusals=(
+        *_BODY,
+        *_AUTH,
+        "invalid-directive",
+        "unknown-action",
+        "execution-mode-not-supported",
+        "forbidden",
+        "invalid-input",
+        "status-v2-required",
+        "idempotency-conflict",
+        "too-many-operations",
+        "transport-claimed",
+    ),
+    body="sensorium-directive.v1",
+)
+STATUS = Route(
+    oks=(Ok(200, _STATUS_BODIES, description="v1 status, or v2 for discovery"),),
+    refusals=(*_AUTH, "unknown-operation", "invalid-input"),
+)
+CANCEL = Route(
+    oks=(Ok(200, _STATUS_BODIES, description="the status after the request"),),
+    refusals=(*_AUTH, "unknown-operation", "not-cancelable"),
+)
+SELECT = Route(
+    oks=(Ok(200, ("selection",)),),
+    refusals=(*_BODY, *_AUTH, "unknown-operation", "forbidden", "invalid-input", "unknown-candidate"),
+    body="selection-request",
+)
+BIND = Route(
+    oks=(
+        Ok(201, ("sensorium-device-binding.v1",), description="the binding; the only answer with an address"),
+    ),
+    refusals=(
+        *_BODY,
+        *_AUTH,
+        "unknown-operation",
+        "forbidden",
+        "invalid-input",
+        "not-bindable",
+        "session-not-terminated",
+        "unknown-candidate",
+        "candidate-expired",
+        "candidate-consumed",
+        "idempotency-conflict",
+        "transport-claimed",
+    ),
+    body="binding-request",
+)
+BINDINGS = Route(oks=(Ok(200, ("binding-list",)),), refusals=_AUTH)
+FORGET = Route(oks=(Ok(204),), refusals=(*_AUTH, "unknown-binding"))
+CATALOG = Route(oks=(Ok(200, ("catalog-summary",)),), refusals=_AUTH)
+REVOKE = Route(
+    oks=(Ok(200, ("principal-revocation",)),), refusals=(*_AUTH, "forbidden", "not-found", "invalid-input")
+)
 
 
 async def _json(request: Request, *, directive: bool) -> Any:
@@ -44,16 +92,14 @@ def connector_router(service: ConnectorService) -> APIRouter:
     """Routes of the connector service (`sensorium.directive.invoke`, `sensorium.operation.*`)."""
     router = APIRouter()
 
-    @router.post(
-        "/v1/directives", openapi_extra=_DIRECTIVE_BODY, responses={400: _ERROR, 401: _ERROR, 422: _ERROR}
-    )
+    @router.post("/v1/directives", **declare(INVOKE))
     async def invoke(request: Request) -> Response:
         """sensorium.directive.invoke: 200 sync result or 202 deferred handle."""
         return await _with_body(
             service, request, lambda body: service.invoke(bearer_token(request), body), directive=True
         )
 
-    @router.get("/v1/operations/{operation_id}", responses={401: _ERROR, 404: _ERROR})
+    @router.get("/v1/operations/{operation_id}", **declare(STATUS))
     async def status(
         request: Request,
         operation_id: str,
@@ -66,40 +112,36 @@ def connector_router(service: ConnectorService) -> APIRouter:
         )
         return to_response(reply)
 
-    @router.post("/v1/operations/{operation_id}/cancel", responses={401: _ERROR, 404: _ERROR, 409: _ERROR})
+    @router.post("/v1/operations/{operation_id}/cancel", **declare(CANCEL))
     async def cancel(request: Request, operation_id: str) -> Response:
         """sensorium.operation.cancel."""
         return to_response(await service.cancel(bearer_token(request), operation_id))
 
-    @router.post(
-        "/v1/operations/{operation_id}/selection",
-        openapi_extra=_SELECTION_BODY,
-        responses={401: _ERROR, 404: _ERROR},
-    )
+    @router.post("/v1/operations/{operation_id}/selection", **declare(SELECT))
     async def select(request: Request, operation_id: str) -> Response:
         """Select a candidate of a running snapshot."""
         return await _with_body(
             service, request, lambda body: service.select(bearer_token(request), operation_id, body)
         )
 
-    @router.post(
-        "/v1/operations/{operation_id}/bindings",
-        openapi_extra=_BINDING_BODY,
-        status_code=201,
-        responses={401: _ERROR, 404: _ERROR, 409: _ERROR, 410: _ERROR},
-    )
+    @router.post("/v1/operations/{operation_id}/bindings", status_code=201, **declare(BIND))
     async def bind(request: Request, operation_id: str) -> Response:
         """Bind a candidate of a terminated session; reveals its address."""
         return await _with_body(
             service, request, lambda body: service.bind(bearer_token(request), operation_id, body)
         )
 
-    @router.delete("/v1/bindings/{binding_id}", status_code=204, responses={401: _ERROR, 404: _ERROR})
+    @router.get("/v1/bindings", **declare(BINDINGS))
+    async def bindings(request: Request) -> Response:
+        """The caller's bindings (with addresses), or every binding for an operator (without)."""
+        return to_response(await list_bindings(service, bearer_token(request)))
+
+    @router.delete("/v1/bindings/{binding_id}", status_code=204, **declare(FORGET))
     async def forget(request: Request, binding_id: str) -> Response:
         """Forget (erase) a binding."""
         return to_response(await service.forget(bearer_token(request), binding_id))
 
-    @router.get("/v1/catalog", responses={401: _ERROR})
+    @router.get("/v1/catalog", **declare(CATALOG))
     async def catalog(request: Request) -> Response:
         """Catalog summary for an authenticated principal."""
         try:
@@ -108,7 +150,7 @@ def connector_router(service: ConnectorService) -> APIRouter:
             return to_response(error_reply(error))
         return to_response(Reply(200, service.catalog_summary()))
 
-    @router.post("/v1/admin/principals/{principal_id}/revoke", responses={401: _ERROR, 403: _ERROR})
+    @router.post("/v1/admin/principals/{principal_id}/revoke", **declare(REVOKE))
     async def revoke(
         request: Request, principal_id: str, action_id: str | None = Query(default=None)
     ) -> Response:

@@ -11,6 +11,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
+from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from connector.contract import strict_json
@@ -49,23 +50,45 @@ def error_response(code: str, message: str, *, diagnostics: Sequence[Mapping[str
 def install_error_handlers(app: FastAPI) -> None:
     """Map framework errors (404, 405, 422, 500) to `sensorium-error.v1`."""
 
-    async def on_http(_: Request, exc: Exception) -> Response:
+    async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         code = _CODE_BY_STATUS.get(exc.status_code, "internal" if exc.status_code >= 500 else "not-found")
         response = error_response(code, code.replace("-", " "))
         response.status_code = exc.status_code
+        if exc.status_code == 405:
+            response.headers["Allow"] = ", ".join(allowed_methods(request))
         return response
 
     async def on_validation(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        paths = ["/" + "/".join(str(p) for p in err.get("loc", ())) for err in exc.errors()][:16]
-        diagnostics = [{"code": "invalid-input", "message": f"{path}: invalid"} for path in paths]
-        return error_response(
-            "invalid-input", "the request does not match this route", diagnostics=diagnostics
-        )
+        locs = sorted({tuple(str(p) for p in err.get("loc", ())) for err in exc.errors()})[:16]
+        diagnostics = [{"code": "invalid-input", "message": f"/{'/'.join(loc)}: invalid"} for loc in locs]
+        names = ", ".join(_parameter_of(loc) for loc in locs)
+        return error_response("invalid-input", f"{names}: {_RULE}", diagnostics=diagnostics)
 
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(RequestValidationError, on_validation)
+
+
+# Every parameter a route declares is an integer >= 0 or a member of a listed set (see /openapi.json).
+_RULE = "not an allowed value (see /openapi.json)"
+_METHODS = ("GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS")
+
+
+def _parameter_of(loc: Sequence[Any]) -> str:
+    """`query parameter wait_seconds` from pydantic's `("query", "wait_seconds")`: our names, not values."""
+    where, name = (loc[0], loc[1]) if len(loc) >= 2 else ("request", "body")
+    return f"{where} parameter {name}"  # `where` is pydantic's location kind, `name` our parameter
+
+
+def allowed_methods(request: Request) -> list[str]:
+    """Every method some route of this app answers on the request's path (for `Allow`)."""
+    routes = request.app.router.routes
+    return [
+        method
+        for method in _METHODS
+        if any(route.matches({**request.scope, "method": method})[0] is Match.FULL for route in routes)
+    ]
 
 
 class InternalErrors:

@@ -7,6 +7,8 @@ import importlib
 import sys
 from collections.abc import Sequence
 
+from connector.resources import version
+
 # Each module exposes `register(subparsers)`; the parser it adds sets `handler(args) -> int`.
 COMMAND_MODULES: tuple[str, ...] = (
     "connector.cli.schema_cmd",
@@ -27,6 +29,7 @@ EXIT_CANCELLED = 130
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every available subcommand."""
     parser = argparse.ArgumentParser(prog="sensorium-connector", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"sensorium-connector {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in COMMAND_MODULES:
         try:

@@ -81,8 +81,8 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--replay", type=Path, metavar="FILE", help="play an hw-fixtures file instead")
     parser.add_argument("--replay-speed", type=float, default=1.0, metavar="X")
     parser.add_argument("--json", action="store_true", help="print only the final v2 status on stdout")
-    parser.add_argument("--catalog", type=Path, default=Path("catalog/actions.json"), metavar="PATH")
-    parser.add_argument("--trust", type=Path, default=Path("catalog/trust"), metavar="DIR")
+    parser.add_argument("--catalog", type=Path, default=None, metavar="PATH")
+    parser.add_argument("--trust", type=Path, default=None, metavar="DIR")
     parser.add_argument("--mdns-interfaces", type=_interfaces, metavar="IP[,IP...]")
     parser.add_argument("--ble-adapter", metavar="NAME")
     parser.set_defaults(handler=run)
@@ -137,6 +137,7 @@ def _reason(error: SensoriumError) -> str:
 def _plan(args: argparse.Namespace) -> ScanPlan:
     """Input from the flags, checked against the verified catalog's scan profile; the provider to use."""
     from connector.catalog.loader import load_verified_catalog
+    from connector.cli.catalog_source import catalog_with_fallback
     from connector.core.policy import DeferredHostPolicy
     from connector.core.scope import parse_discovery_input, scope_input_from_cli
     from providers.registry import build_provider
@@ -145,7 +146,8 @@ def _plan(args: argparse.Namespace) -> ScanPlan:
         args.transport, args.window, args.filter, args.exclude, args.max_candidates, args.adapter
     )
     now = datetime.now(UTC)
-    catalog = load_verified_catalog(args.catalog, trust_dir=args.trust, data_dir=None, now=now)
+    catalog_path, trust = catalog_with_fallback("scan", args.catalog, args.trust)
+    catalog = load_verified_catalog(catalog_path, trust_dir=trust, data_dir=None, now=now)
     profile = catalog.discovery_profile(SCAN_ACTION)
     scope = parse_discovery_input(raw, profile)
     provider = build_provider(

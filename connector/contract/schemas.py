@@ -10,7 +10,6 @@ import functools
 import json
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from jsonschema import Draft202012Validator, TypeChecker, ValidationError, validators
@@ -20,8 +19,9 @@ from referencing.jsonschema import DRAFT202012
 
 from connector.contract.patterns import ecma
 from connector.contract.violations import SCHEMA_RULE, Violation, ordered, pointer
+from connector.resources import data_dir
 
-SCHEMA_DIR = Path(__file__).resolve().parents[2] / "schemas"
+SCHEMA_DIR = data_dir("schemas")
 _SUFFIX = ".schema.json"
 RULE_KEYWORD = "x-rule"
 
@@ -35,6 +35,7 @@ class _Loaded:
     documents: Mapping[str, Mapping[str, Any]]
     registry: Registry[Any]
     everything: tuple[Mapping[str, Any], ...]
+    by_id: Mapping[str, Mapping[str, Any]]
 
 
 def schema_names() -> tuple[str, ...]:
@@ -48,6 +49,11 @@ def schema_document(name: str) -> Mapping[str, Any]:
         return _loaded().documents[name]
     except KeyError:
         raise UnknownSchemaError("no schema by that name") from None
+
+
+def schema_files() -> Mapping[str, Mapping[str, Any]]:
+    """Every file of `schemas/` by file name (documents and shared definitions), parsed."""
+    return {path.rsplit("/", 1)[-1]: contents for path, contents in _loaded().by_id.items()}
 
 
 @functools.cache
@@ -73,7 +79,8 @@ def _loaded() -> _Loaded:
         if path.name.endswith(_SUFFIX):
             documents[path.name.removesuffix(_SUFFIX)] = contents
     everything = tuple(resource.contents for _, resource in resources)
-    return _Loaded(documents, Registry().with_resources(resources), everything)
+    by_id = {uri: resource.contents for uri, resource in resources}
+    return _Loaded(documents, Registry().with_resources(resources), everything, by_id)
 
 
 def _is_integer(checker: TypeChecker, instance: object) -> bool:
@@ -95,22 +102,36 @@ _WireValidator: type[Validator] = validators.extend(  # type: ignore[no-untyped-
 )
 
 
+def wire_validator(schema: Mapping[str, Any], registry: Registry[Any] | None = None) -> Validator:
+    """A 2020-12 validator with the wire rules (no float integers, ECMA-262 patterns) for any schema."""
+    return _WireValidator(schema, registry=registry if registry is not None else _loaded().registry)
+
+
 @functools.cache
 def _validator(name: str) -> Validator:
     return _WireValidator(schema_document(name), registry=_loaded().registry)
 
 
 def _violations(error: ValidationError, root: Mapping[str, Any]) -> Iterator[Violation]:
-    at, rule = list(error.absolute_path), _rule_of(error, root)
+    at, rule, keyword = list(error.absolute_path), _rule_of(error, root), _keyword(error)
     required = error.validator_value if error.validator == "required" else None
     if isinstance(required, list) and isinstance(error.instance, Mapping):
         # Point at each missing member, as a model does; the names come from the schema, not the document.
         for key in required:
             if key not in error.instance:
-                yield Violation(pointer(*at, key), rule)
+                yield Violation(pointer(*at, key), rule, keyword)
     else:
         # For a closed object this names the object: an unknown key is the sender's text, not ours to echo.
-        yield Violation(pointer(*at), rule)
+        yield Violation(pointer(*at), rule, keyword)
+
+
+def _keyword(error: ValidationError) -> str:
+    """The failing keyword (`false` schemas fail as the keyword that holds them, e.g. a forbidden member)."""
+    keyword = error.validator
+    if isinstance(keyword, str) and keyword:
+        return keyword
+    steps = [step for step in error.schema_path if isinstance(step, str)]
+    return steps[-1] if steps else "false"
 
 
 def _rule_of(error: ValidationError, root: Mapping[str, Any]) -> str:

@@ -55,7 +55,27 @@ def _from_pydantic(detail: ErrorDetails) -> Violation:
     loc = list(detail["loc"])
     if detail["type"] == "extra_forbidden":
         loc = loc[:-1]  # the unknown key is the sender's text: name the object, as the schema path does
-    return Violation(pointer(*loc), _rule_named(detail))
+    return Violation(pointer(*loc), _rule_named(detail), _PYDANTIC_KEYWORDS.get(detail["type"], "type"))
+
+
+# pydantic error types as the JSON Schema keywords they stand for (the rest are type mismatches).
+_PYDANTIC_KEYWORDS = {
+    "missing": "required",
+    "extra_forbidden": "additionalProperties",
+    "literal_error": "enum",
+    "enum": "enum",
+    "string_too_long": "maxLength",
+    "string_too_short": "minLength",
+    "too_long": "maxItems",
+    "too_short": "minItems",
+    "greater_than_equal": "minimum",
+    "greater_than": "exclusiveMinimum",
+    "less_than_equal": "maximum",
+    "less_than": "exclusiveMaximum",
+    "string_pattern_mismatch": "pattern",
+    "value_error": "",
+    "assertion_error": "",
+}
 
 
 def _rule_named(detail: ErrorDetails) -> str:

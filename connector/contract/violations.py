@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 # Rule name of every structural failure (type, bound, required, closed object) without a rule of its own.
 SCHEMA_RULE = "schema"
@@ -15,13 +15,19 @@ class Violation:
 
     path: str
     rule: str
+    # The JSON Schema keyword that failed (`required`, `enum`, `additionalProperties`, `maximum`, ...);
+    # empty for a semantic rule checked in code. Equality ignores it: a rule at a place is one finding.
+    keyword: str = field(default="", compare=False)
 
     def __str__(self) -> str:
-        return f"{self.path or '/'}: {self.rule}"
+        where = self.path or "/"
+        if self.rule == SCHEMA_RULE:
+            return f"{where}: {self.keyword or self.rule}"
+        return f"{where}: {self.rule} ({self.keyword})" if self.keyword else f"{where}: {self.rule}"
 
     def under(self, prefix: str) -> Violation:
         """The same violation seen from an enclosing document."""
-        return Violation(prefix + self.path, self.rule)
+        return Violation(prefix + self.path, self.rule, self.keyword)
 
 
 def pointer(*parts: str | int) -> str:
@@ -30,8 +36,13 @@ def pointer(*parts: str | int) -> str:
 
 
 def ordered(violations: Iterable[Violation]) -> list[Violation]:
-    """Distinct violations in document order (array indices compare as numbers)."""
-    return sorted(set(violations), key=_sort_key)
+    """Distinct violations in document order (array indices compare as numbers); one per rule and place,
+    naming every keyword that failed there."""
+    keywords: dict[tuple[str, str], set[str]] = {}
+    for v in violations:
+        keywords.setdefault((v.path, v.rule), set()).update(k for k in v.keyword.split(", ") if k)
+    found = [Violation(path, rule, ", ".join(sorted(names))) for (path, rule), names in keywords.items()]
+    return sorted(found, key=_sort_key)
 
 
 def merge(structural: Iterable[Violation], semantic: Iterable[Violation]) -> list[Violation]:
@@ -42,6 +53,7 @@ def merge(structural: Iterable[Violation], semantic: Iterable[Violation]) -> lis
     return ordered([*kept, *semantic])
 
 
-def _sort_key(violation: Violation) -> tuple[tuple[tuple[int, int, str], ...], str]:
+def _sort_key(violation: Violation) -> tuple[tuple[tuple[int, int, str], ...], str, str]:
     steps = violation.path.split("/")[1:]
-    return tuple((0, int(s), "") if s.isdigit() else (1, 0, s) for s in steps), violation.rule
+    at = tuple((0, int(s), "") if s.isdigit() else (1, 0, s) for s in steps)
+    return at, violation.rule, violation.keyword

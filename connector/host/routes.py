@@ -6,31 +6,65 @@ Thin: every route hands its bearer token and path to `HostService` and maps the 
 
 from __future__ import annotations
 
-from typing import Any
-
 from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from connector.api.errors import bearer_token, parse_json_body, to_response
+from connector.api.openapi import Ok, Route, declare
 from connector.errors import SensoriumError
 from connector.host.service import HostService
 from connector.service.replies import error_reply
 
-_JSON_BODY: dict[str, Any] = {
-    "requestBody": {"required": True, "content": {"application/json": {"schema": {"type": "object"}}}}
-}
-_ERROR = {"description": "a sensorium-error.v1 refusal"}
+_AUTH = ("unauthenticated", "internal")
+_STATUS_BODIES = ("deferred-operation-status.v1", "deferred-operation-status.v2")
+_OPERATOR = (*_AUTH, "forbidden")
+ADMIT = Route(
+    oks=(
+        Ok(200, ("sensorium-directive-result.v1",), description="the result of a sync directive"),
+        Ok(
+            202,
+            ("deferred-operation.v1",),
+            headers=("Location", "Retry-After"),
+            required_headers=("Location", "Retry-After"),
+        ),
+    ),
+    refusals=(
+        "invalid-json",
+        "body-too-large",
+        *_AUTH,
+        "invalid-directive",
+        "unknown-action",
+        "execution-mode-not-supported",
+        "forbidden",
+        "invalid-input",
+        "status-v2-required",
+        "idempotency-conflict",
+        "too-many-operations",
+        "transport-claimed",
+    ),
+    body="sensorium-directive.v1",
+)
+STATUS = Route(
+    oks=(Ok(200, _STATUS_BODIES, description="the live status with the host's policy fields"),),
+    refusals=(*_AUTH, "unknown-operation", "invalid-input"),
+)
+CANCEL = Route(oks=(Ok(200, _STATUS_BODIES),), refusals=(*_AUTH, "unknown-operation", "not-cancelable"))
+OPERATOR_LIST = Route(oks=(Ok(200, ("operator-operation-list",)),), refusals=(*_OPERATOR, "invalid-input"))
+OPERATOR_DETAIL = Route(
+    oks=(Ok(200, ("operator-operation-detail",)),), refusals=(*_OPERATOR, "unknown-operation")
+)
+OPERATOR_CANCEL = Route(
+    oks=(Ok(200, ("operator-operation-detail",)),),
+    refusals=(*_OPERATOR, "unknown-operation", "not-cancelable"),
+)
+_STATUSES = ["pending", "running", "completed", "failed", "timed-out", "cancelled", "expired", "unknown"]
 
 
 def host_router(host: HostService) -> APIRouter:
     """Routes of the reference host (SPEC 9, "The reference host adds")."""
     router = APIRouter()
 
-    @router.post(
-        "/v1/host/directives",
-        openapi_extra=_JSON_BODY,
-        responses={400: _ERROR, 401: _ERROR, 403: _ERROR, 404: _ERROR, 409: _ERROR, 422: _ERROR, 429: _ERROR},
-    )
+    @router.post("/v1/host/directives", **declare(ADMIT))
     async def admit(request: Request) -> Response:
         """Host admission: 202 `deferred-operation.v1` (Location, Retry-After) or the sync result."""
         token = bearer_token(request)
@@ -41,7 +75,7 @@ def host_router(host: HostService) -> APIRouter:
             return to_response(error_reply(error))
         return to_response(await host.admit(token, body))
 
-    @router.get("/v1/host/operations/{operation_id}", responses={401: _ERROR, 404: _ERROR})
+    @router.get("/v1/host/operations/{operation_id}", **declare(STATUS))
     async def status(
         request: Request,
         operation_id: str,
@@ -54,36 +88,29 @@ def host_router(host: HostService) -> APIRouter:
         )
         return to_response(reply)
 
-    @router.post(
-        "/v1/host/operations/{operation_id}/cancel", responses={401: _ERROR, 404: _ERROR, 409: _ERROR}
-    )
+    @router.post("/v1/host/operations/{operation_id}/cancel", **declare(CANCEL))
     async def cancel(request: Request, operation_id: str) -> Response:
         """Bridged to the connector where the handle has a `cancel_href`."""
         return to_response(await host.cancel(bearer_token(request), operation_id))
 
-    @router.get("/v1/admin/deferred-operations", responses={401: _ERROR, 403: _ERROR, 422: _ERROR})
-    async def operator_list(request: Request, status: str | None = Query(default=None)) -> Response:
+    @router.get("/v1/admin/deferred-operations", **declare(OPERATOR_LIST))
+    async def operator_list(
+        request: Request, status: str | None = Query(default=None, json_schema_extra={"enum": _STATUSES})
+    ) -> Response:
         """Durable views of every operation, optionally of one status (operators)."""
         return to_response(await host.operator_list(bearer_token(request), status))
 
-    @router.get(
-        "/v1/admin/deferred-operations/{operation_id}", responses={401: _ERROR, 403: _ERROR, 404: _ERROR}
-    )
+    @router.get("/v1/admin/deferred-operations/{operation_id}", **declare(OPERATOR_DETAIL))
     async def operator_detail(request: Request, operation_id: str) -> Response:
         """Durable view, digest-only history and receipt of one operation (operators)."""
         return to_response(await host.operator_detail(bearer_token(request), operation_id))
 
-    @router.post(
-        "/v1/admin/deferred-operations/{operation_id}/poll", responses={401: _ERROR, 403: _ERROR, 404: _ERROR}
-    )
+    @router.post("/v1/admin/deferred-operations/{operation_id}/poll", **declare(OPERATOR_DETAIL))
     async def operator_poll(request: Request, operation_id: str) -> Response:
         """Poll now (operators)."""
         return to_response(await host.operator_poll(bearer_token(request), operation_id))
 
-    @router.post(
-        "/v1/admin/deferred-operations/{operation_id}/cancel",
-        responses={401: _ERROR, 403: _ERROR, 404: _ERROR, 409: _ERROR},
-    )
+    @router.post("/v1/admin/deferred-operations/{operation_id}/cancel", **declare(OPERATOR_CANCEL))
     async def operator_cancel(request: Request, operation_id: str) -> Response:
         """Cancel where cancelable (operators)."""
         return to_response(await host.operator_cancel(bearer_token(request), operation_id))

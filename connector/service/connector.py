@@ -642,7 +642,7 @@ def _check_directive(directive: Any) -> None:
     """Step 2: the directive's schema; failing paths only, never values."""
     # A JSON array is not a directive (and the validator reads a list as a series of polls).
     messages = (
-        ["/: schema"]
+        ["/: type"]
         if not isinstance(directive, dict)
         else [str(v) for v in validate("sensorium-directive.v1", directive, via="schema")]
     )

@@ -251,6 +251,16 @@ class ConnectorState:
             return None
         return Binding(row[0], row[1], row[2], row[3], parse_time(row[4]))
 
+    async def list_bindings(self, owner: str | None) -> list[Binding]:
+        """Every binding of `owner` (every binding when None), oldest first."""
+        sql = "SELECT binding_id, owner, transport, address, bound_at FROM bindings"
+        params: tuple[str, ...] = ()
+        if owner is not None:
+            sql, params = sql + " WHERE owner = ?", (owner,)
+        async with self._db.execute(sql + " ORDER BY bound_at, binding_id", params) as cursor:
+            rows = await cursor.fetchall()
+        return [Binding(r[0], r[1], r[2], r[3], parse_time(r[4])) for r in rows]
+
     async def delete_binding(self, binding_id: str) -> bool:
         """Erase a binding (secure delete + WAL truncation); True when one existed."""
         async with self._lock:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import time
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +128,19 @@ def _asked(spy: Any) -> set[str]:
     return {json.loads(m.data)["op"] for m in spy.messages if m.subject == "sensorium-os.op.get"}
 
 
+def _lines_until(process: subprocess.Popen[bytes], wanted: str, timeout: float = 30.0) -> list[str]:
+    """Lines of the process's stdout up to and including `wanted` (AssertionError after `timeout`)."""
+    assert process.stdout is not None
+    deadline = time.monotonic() + timeout
+    seen: list[str] = []
+    while wanted not in seen:
+        assert time.monotonic() < deadline, f"no {wanted!r} line in time: {seen}"
+        line = process.stdout.readline()
+        assert line, f"the process ended before a {wanted!r} line: {seen}"
+        seen.append(line.decode().rstrip("\n"))
+    return seen
+
+
 def _lines(process: subprocess.Popen[bytes]) -> list[str]:
     assert process.stdout is not None
     with process.stdout:
@@ -146,7 +160,8 @@ async def test_serve_killed_mid_scan_reports_lost_once_to_a_waiting_watcher(
             assert (await bus.start(ble_scan(30), op="kill-1"))["state"] in ("queued", "running")
             argv = cli_argv("ops", "watch", "kill-1", "--nats", broker.url, "--poll", "0.5")
             watcher = subprocess.Popen(argv, env=cli_env(token), stdout=subprocess.PIPE)
-            await anyio.sleep(2.0)  # the watcher is following the running scan
+            # The watcher is following the running scan once it said so (a loaded machine starts it late).
+            seen = await anyio.to_thread.run_sync(_lines_until, watcher, "running")
             first.kill9()
             second = await anyio.to_thread.run_sync(start_serve, env, broker.url, "serve-2")
             try:
@@ -156,7 +171,7 @@ async def test_serve_killed_mid_scan_reports_lost_once_to_a_waiting_watcher(
                 await anyio.sleep(0.5)
             finally:
                 await anyio.to_thread.run_sync(second.stop)
-        lines = _lines(watcher)
+        lines = seen + _lines(watcher)
         assert code == 1 and lines[-1] == "lost (interrupted-by-restart)" and "running" in lines
         assert (got["state"], got["status"]) == ("lost", "failed")
         assert got["error_code"] == "interrupted-by-restart"

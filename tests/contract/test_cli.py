@@ -17,7 +17,8 @@ from .vectors import VECTOR_DIR
 REPO = VECTOR_DIR.parents[1]
 STATUS_V2 = "deferred-operation-status.v2"
 V2_VECTORS = VECTOR_DIR / STATUS_V2
-LINE = re.compile(r"^/[^ ]*: [a-z][a-z0-9-]*$")
+# `path: keyword[, keyword]` for a structural failure; `path: rule` or `path: rule (keyword)` for a rule.
+LINE = re.compile(r"^/[^ ]*: [a-zA-Z][a-zA-Z0-9-]*(, [a-zA-Z]+)*( \([a-zA-Z, ]+\))?$")
 
 
 def _run(capsys: pytest.CaptureFixture[str], *args: str) -> tuple[int, str, str]:
@@ -104,3 +105,31 @@ def test_python_dash_m_connector_runs_the_same_command(tmp_path: Path) -> None:
     good = subprocess.run([*command, str(valid)], cwd=tmp_path, capture_output=True, text=True, timeout=50)
     assert (bad.returncode, bad.stdout, bad.stderr) == (1, "/progress/snapshot: snapshot-max-bytes\n", "")
     assert (good.returncode, good.stdout) == (0, "")
+
+
+def test_reasons_name_the_path_and_the_failing_keyword(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    secret = "CANARY-4f1d"
+    valid = VECTOR_DIR / "sensorium-directive.v1" / "valid" / "discovery-scan-ble.json"
+    directive = json.loads(valid.read_text())
+    del directive["input"]  # required
+    directive["timing"]["mode"] = secret  # enum
+    directive["timing"]["timeout_ms"] = 2**60  # maximum
+    directive[secret] = secret  # additionalProperties (reported at its object, never by name)
+    code, out, _ = _run(capsys, "sensorium-directive.v1", _write(tmp_path, json.dumps(directive)))
+    assert code == 1
+    assert out.splitlines() == [
+        "/: additionalProperties",
+        "/input: required",
+        "/timing/mode: enum",
+        "/timing/timeout_ms: maximum",
+    ]
+    assert secret not in out
+
+
+def test_reasons_name_semantic_rules(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    status = json.loads((V2_VECTORS / "valid" / "completed-window.json").read_text())
+    status["retry_after_seconds"] = 5  # only on non-terminal statuses: named by its rule
+    code, out, _ = _run(capsys, STATUS_V2, _write(tmp_path, json.dumps(status)))
+    assert (code, out) == (1, "/retry_after_seconds: retry-after-only-non-terminal\n")

@@ -180,7 +180,8 @@ async def test_a_wedged_bluetoothd_holds_the_claim_until_it_answers(bluez: Bluez
         for adapter in ("hci0", None):
             with pytest.raises(AdmissionError) as refused:
                 await start_scan(manager, adapter=adapter)
-            assert refused.value.code == "transport-claimed" and refused.value.retry_after_seconds >= 1
+            assert refused.value.code == "transport-claimed" and refused.value.http_status == 409
+            assert refused.value.retry_after_seconds is not None and refused.value.retry_after_seconds >= 1
         bluez.unwedge()  # bluetoothd handles the disconnect; the background retry's round trip answers
         with anyio.fail_after(5):
             while manager.claims.holder(claim_key("ble", "hci0")) is not None:

@@ -1,4 +1,4 @@
-"""The emulated bluetoothd keeps BlueZ's rules (src/adapter.c, src/device.c), checked with plain D-Bus clients."""
+"""The emulated bluetoothd keeps BlueZ's rules (src/adapter.c, src/device.c): checked with plain clients."""
 
 from __future__ import annotations
 
@@ -28,9 +28,9 @@ class Client:
         bus.add_message_handler(self._on_message)
 
     def _on_message(self, msg: Message) -> None:
-        if msg.message_type == MessageType.SIGNAL and msg.member == "PropertiesChanged":
-            if msg.body[0] == "org.bluez.Device1":
-                self.changes.append(({k: _plain(v) for k, v in msg.body[1].items()}, list(msg.body[2])))
+        is_change = msg.message_type == MessageType.SIGNAL and msg.member == "PropertiesChanged"
+        if is_change and msg.body[0] == "org.bluez.Device1":
+            self.changes.append(({k: _plain(v) for k, v in msg.body[1].items()}, list(msg.body[2])))
 
     async def call(self, member: str, sig: str = "", *body: Any) -> Message:
         msg = Message(
@@ -121,7 +121,9 @@ async def test_rssi_moves_under_8_db_and_repeated_data_are_not_signalled_by_defa
 
 
 @pytest.mark.asyncio
-async def test_an_rssi_filter_and_duplicate_data_signal_every_report(bluez: BluezController, client: Client) -> None:
+async def test_an_rssi_filter_and_duplicate_data_signal_every_report(
+    bluez: BluezController, client: Client
+) -> None:
     wanted = {"DuplicateData": Variant("b", True), "RSSI": Variant("n", -127)}
     await client.call("SetDiscoveryFilter", "a{sv}", wanted)
     await client.call("StartDiscovery")

@@ -155,7 +155,7 @@ async def test_transport_claimed_refuses_without_starting_the_provider(tmp_path:
         assert first.status_code == 202
         refused = await h.invoke("bob", scan_directive(3))
         body = assert_error(refused, 409, "transport-claimed")
-        # The holder's window (5 s) plus its cleanup budget (4 s) is what the refusal asks to wait for.
+        # The holder's window (5 s) plus its cleanup budget (the shipped 4 s) is what the refusal asks for.
         assert 1 <= body["retry_after_seconds"] <= 9
         await eventually(lambda: factory.starts == 1)
         # Another transport is another claim.

@@ -34,13 +34,14 @@ OP = "/v1/operations/deferred:sensorium.directive.invoke:AAAAAAAAAAAAAAAAAAAAAAA
 @pytest.mark.asyncio
 async def test_routes_and_methods_that_do_not_exist(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory()) as h:
-        for path in ("/nope", "/v1/operations", "/v1/bindings", f"/{CANARY}"):
+        for path in ("/nope", "/v1/operations", "/v1/bindings/x/y", f"/{CANARY}"):
             response = await h.client.get(path, headers=h.auth("alice"))
             assert_error(response, 404, "not-found")
             assert CANARY not in response.text
         for method, path in (("PUT", "/v1/directives"), ("GET", "/v1/directives"), ("DELETE", "/v1/catalog")):
             response = await h.client.request(method, path, headers=h.auth("alice"))
             assert_error(response, 405, "method-not-allowed")
+            assert response.headers["Allow"] == {"/v1/directives": "POST", "/v1/catalog": "GET"}[path]
 
 
 @pytest.mark.asyncio
@@ -111,6 +112,7 @@ async def test_bad_query_parameters(tmp_path: Path) -> None:
             body = assert_error(response, 422, "invalid-input")
             name = next(iter(params))
             assert body["diagnostics"] == [{"code": "invalid-input", "message": f"/query/{name}: invalid"}]
+            assert body["message"].startswith(f"query parameter {name}: ")
             assert CANARY not in response.text
 
 
@@ -231,3 +233,16 @@ async def test_values_strict_json_does_not_carry_are_refused_before_admission(tm
             response = await h.client.post(path, content=b'{"candidate/ref": 1e400}', headers=h.auth("alice"))
             assert_error(response, 422, "invalid-input")
     assert factory.requests == [] and factory.starts == 0
+
+
+@pytest.mark.asyncio
+async def test_any_route_refuses_an_oversized_body_as_documented(tmp_path: Path) -> None:
+    async with harness(tmp_path, factory=RecordingFactory(), max_body_bytes=1024) as h:
+        big = b"x" * 4096
+        for method, path in (
+            ("GET", "/v1/catalog"),
+            ("POST", "/v1/operations/x/cancel"),
+            ("GET", "/healthz"),
+        ):
+            response = await h.client.request(method, path, content=big, headers=h.auth("alice"))
+            assert_error(response, 413, "body-too-large")  # the OpenAPI check also holds it to the document

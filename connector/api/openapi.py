@@ -1,0 +1,377 @@
+"""The OpenAPI 3.1 document: every route declares its body and answers here; bodies are the canonical schemas.
+
+`schemas/` stays the one source of truth: its files become `components/schemas` by a mechanical rewrite
+(each `$defs` entry hoisted to a component of its own, every `$ref` pointed at that component), so that
+generators which cannot follow external references still see exactly the canonical content.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.openapi.utils import get_openapi
+
+from connector.contract.schemas import schema_files
+from connector.errors import HTTP_STATUS_BY_CODE
+
+COMPONENTS = "#/components/schemas/"
+SECURITY_SCHEME = "bearerAuth"
+ERROR_SCHEMA = "sensorium-error.v1"
+_DOC_SUFFIX = ".schema.json"
+_DEFS_SUFFIX = ".json"
+_DECLARED = "x-sensorium-declared"
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties"})
+_REASON = {
+    200: "OK",
+    201: "Created",
+    202: "Accepted: a deferred handle",
+    204: "No Content",
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    410: "Gone",
+    413: "Content Too Large",
+    422: "Unprocessable Content",
+    429: "Too Many Requests",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+_HEADERS: Mapping[str, Mapping[str, Any]] = {
+    "Location": {
+        "description": "origin-relative path of the operation's status",
+        "schema": {"type": "string", "pattern": "^/"},
+    },
+    "Retry-After": {
+        "description": "seconds to wait before the next request",
+        "schema": {"type": "string", "pattern": "^[0-9]+$"},
+    },
+}
+
+
+# ---- components from schemas/ ------------------------------------------------------------------------
+
+
+def component_name(file_name: str) -> str:
+    """The component of a schema file: its schema name (`common.defs` for the shared definitions)."""
+    if file_name.endswith(_DOC_SUFFIX):
+        return file_name.removesuffix(_DOC_SUFFIX)
+    return file_name.removesuffix(_DEFS_SUFFIX)
+
+
+def canonical_components() -> dict[str, Any]:
+    """`components/schemas` generated from every file of `schemas/`."""
+    components: dict[str, Any] = {}
+    for file_name, contents in schema_files().items():
+        base = component_name(file_name)
+        document = dict(contents)
+        for name, definition in document.pop("$defs", {}).items():
+            components[f"{base}.{name}"] = _rewrite(definition, base)
+        document.pop("$id", None)
+        document.pop("$schema", None)
+        if document.keys() - {"title", "description"}:
+            components[base] = _rewrite(document, base)
+    return {name: _inline_rules(schema, components) for name, schema in components.items()}
+
+
+def _inline_rules(node: Any, components: Mapping[str, Any]) -> Any:
+    """`allOf` items that only reference conditionals (no properties) inlined; the same schema, in a form
+    that generators merging `allOf` into one model can read (they take only object models by reference)."""
+    if isinstance(node, list):
+        return [_inline_rules(item, components) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    result = {key: _inline_rules(value, components) for key, value in node.items()}
+    if isinstance(result.get("allOf"), list):
+        result["allOf"] = [_inlined(item, components) for item in result["allOf"]]
+    return result
+
+
+def _inlined(item: Any, components: Mapping[str, Any]) -> Any:
+    target = item.get("$ref", "") if isinstance(item, Mapping) and len(item) == 1 else ""
+    schema = components.get(target.removeprefix(COMPONENTS)) if target.startswith(COMPONENTS) else None
+    if not isinstance(schema, Mapping) or "properties" in schema:
+        return item
+    return _inline_rules(copy.deepcopy(dict(schema)), components)
+
+
+def _rewrite(node: Any, base: str) -> Any:
+    """`node` with every `$ref` pointing into `#/components/schemas/`."""
+    if isinstance(node, list):
+        return [_rewrite(item, base) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    rewritten = {key: _rewrite(value, base) for key, value in node.items()}
+    for key in _SCHEMA_MAPS & rewritten.keys():
+        # `true` and `{}` are the same 2020-12 schema; generators read only the object form.
+        rewritten[key] = {name: {} if sub is True else sub for name, sub in rewritten[key].items()}
+    if isinstance(node.get("$ref"), str):
+        rewritten["$ref"] = _component_ref(node["$ref"], base)
+    return rewritten
+
+
+def _component_ref(ref: str, base: str) -> str:
+    target, _, fragment = ref.partition("#")
+    owner = component_name(target) if target else base
+    if not fragment:
+        return COMPONENTS + owner
+    prefix = "/$defs/"
+    name = fragment.removeprefix(prefix)
+    if not fragment.startswith(prefix) or "/" in name:
+        raise ValueError("a schema reference that is not a whole definition")  # none in schemas/ today
+    return f"{COMPONENTS}{owner}.{name}"
+
+
+# ---- documents of this API that no wire schema names (SPEC 9) -----------------------------------------
+
+
+def _ref(name: str) -> dict[str, str]:
+    return {"$ref": COMPONENTS + name}
+
+
+def _closed(properties: Mapping[str, Any], required: Iterable[str] | None = None) -> dict[str, Any]:
+    return {
+        "type": "object",
+        "additionalProperties": False,
+        "required": list(properties if required is None else required),
+        "properties": dict(properties),
+    }
+
+
+def _nullable(schema: Mapping[str, Any]) -> dict[str, Any]:
+    return {"anyOf": [dict(schema), {"type": "null"}]}
+
+
+_OPAQUE = _ref("common.defs.opaqueId")
+_TIME = _ref("common.defs.time")
+_TEXT = _ref("common.defs.text")
+_COUNT = _ref("common.defs.count")
+_DIGEST = {"type": "string", "pattern": "^[0-9a-f]{64}$"}
+_DURABLE_VIEW = _closed(
+    {
+        "operation/id": _ref("common.defs.operationId"),
+        "operation/kind": _ref("common.defs.operationKind"),
+        "owner_module_id": _TEXT,
+        "capability_id": _TEXT,
+        "owner": _TEXT,
+        "status": _ref("common.defs.status"),
+        "retry_after_seconds": _nullable(_COUNT),
+        "next_poll_at": _nullable(_TIME),
+        "expires_at": _TIME,
+        "attempts": _COUNT,
+        "cancelable": {"type": "boolean"},
+        "cancel/unavailable-reason": _nullable(_TEXT),
+        "correlation/id": _nullable(_TEXT),
+        "continuation_digest": _nullable(_DIGEST),
+        "diagnostics_digest": _nullable(_DIGEST),
+        "last_error": _nullable(_TEXT),
+        "created_at": _TIME,
+        "updated_at": _TIME,
+        "bus_op": _nullable(_TEXT),
+        "metadata": {"type": "object", "description": "durable metadata (SPEC 6.6): no candidate data"},
+    }
+)
+API_COMPONENTS: Mapping[str, Any] = {
+    "catalog-summary": _closed(
+        {
+            "catalog/id": _TEXT,
+            "catalog/version": _COUNT,
+            "actions": {
+                "type": "array",
+                "items": _closed(
+                    {
+                        "action_id": _ref("common.defs.actionId"),
+                        "execution_mode_support": {"enum": ["sync-only", "async-only", "either"]},
+                    }
+                ),
+            },
+        }
+    ),
+    "selection": _closed(
+        {
+            "operation/id": _ref("common.defs.operationId"),
+            "candidate/ref": _OPAQUE,
+            "selected": {"const": True},
+        }
+    ),
+    "selection-request": _closed({"candidate/ref": _OPAQUE}),
+    "binding-request": _closed({"candidate/ref": _OPAQUE, "idempotency_key": _OPAQUE}),
+    "binding-list": _closed(
+        {
+            "bindings": {
+                "type": "array",
+                "items": _closed(
+                    {
+                        "binding/id": _OPAQUE,
+                        "transport": _ref("common.defs.transport"),
+                        "bound_at": _TIME,
+                        "address": {"type": "string", "minLength": 1},
+                        "owner": _TEXT,
+                    },
+                    required=("binding/id", "transport", "bound_at"),
+                ),
+            }
+        }
+    ),
+    "principal-revocation": _closed(
+        {"principal/id": _TEXT, "revoked_actions": {"type": "array", "items": _ref("common.defs.actionId")}}
+    ),
+    "health": _closed({"status": {"enum": ["ok", "starting"]}}),
+    "operator-operation-list": _closed({"operations": {"type": "array", "items": _DURABLE_VIEW}}),
+    "operator-operation-detail": _closed(
+        {
+            "operation": _DURABLE_VIEW,
+            "history": {
+                "type": "array",
+                "items": _closed(
+                    {"seq": _COUNT, "at": _TIME, "status": _ref("common.defs.status"), "digest": _DIGEST}
+                ),
+            },
+            "receipt": _nullable(_ref("execution-receipt.v1")),
+        }
+    ),
+}
+
+
+# ---- route declarations -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Ok:
+    """One success answer: its status, the component(s) of its body (none: no body) and its headers."""
+
+    status: int
+    bodies: tuple[str, ...] = ()
+    headers: tuple[str, ...] = ()
+    required_headers: tuple[str, ...] = ()
+    media_type: str = "application/json"
+    description: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """What one operation takes and answers."""
+
+    oks: tuple[Ok, ...]
+    refusals: tuple[str, ...]
+    body: str | None = None
+    authenticated: bool = True
+
+
+# Any request can meet these: the body limit applies before routing (even to a GET with a body), and a
+# bug of ours answers 500 `internal`.
+ANY_ROUTE_REFUSALS = ("body-too-large", "internal")
+# Refusal codes that carry `Retry-After` (SPEC 2 step 9, 6.8).
+RETRY_AFTER_CODES = frozenset({"too-many-operations", "transport-claimed", "session-not-terminated"})
+
+
+def declare(route: Route) -> dict[str, Any]:
+    """Keyword arguments for a FastAPI route decorator that put `route` into the document."""
+    return {"openapi_extra": {_DECLARED: _operation(route)}}
+
+
+def _operation(route: Route) -> dict[str, Any]:
+    responses: dict[str, Any] = {}
+    for ok in route.oks:
+        responses[str(ok.status)] = _ok_response(ok)
+    by_status: dict[int, list[str]] = {}
+    for code in dict.fromkeys((*route.refusals, *ANY_ROUTE_REFUSALS)):
+        by_status.setdefault(HTTP_STATUS_BY_CODE[code], []).append(code)
+    for status, codes in sorted(by_status.items()):
+        responses[str(status)] = _refusal(status, codes)
+    operation: dict[str, Any] = {"responses": responses}
+    if route.body is not None:
+        content = {"application/json": {"schema": _ref(route.body)}}
+        operation["requestBody"] = {"required": True, "content": content}
+    if route.authenticated:
+        operation["security"] = [{SECURITY_SCHEME: []}]
+    return operation
+
+
+def _ok_response(ok: Ok) -> dict[str, Any]:
+    response: dict[str, Any] = {"description": ok.description or _REASON[ok.status]}
+    if ok.media_type != "application/json":
+        response["content"] = {ok.media_type: {"schema": {"type": "string"}}}
+    elif ok.bodies:
+        schema = _ref(ok.bodies[0]) if len(ok.bodies) == 1 else {"oneOf": [_ref(b) for b in ok.bodies]}
+        response["content"] = {ok.media_type: {"schema": schema}}
+    headers = {name: _header(name, name in ok.required_headers) for name in ok.headers}
+    if headers:
+        response["headers"] = headers
+    return response
+
+
+def _refusal(status: int, codes: Sequence[str]) -> dict[str, Any]:
+    schema = {**_ref(ERROR_SCHEMA), "properties": {"code": {"enum": sorted(codes)}}}
+    response: dict[str, Any] = {
+        "description": f"{_REASON[status]}: sensorium-error.v1 with code " + " | ".join(sorted(codes)),
+        "content": {"application/json": {"schema": schema}},
+    }
+    if RETRY_AFTER_CODES & set(codes):
+        required = set(codes) <= RETRY_AFTER_CODES
+        response["headers"] = {"Retry-After": _header("Retry-After", required)}
+    return response
+
+
+def _header(name: str, required: bool) -> dict[str, Any]:
+    return {**copy.deepcopy(dict(_HEADERS[name])), "required": required}
+
+
+# ---- the document -------------------------------------------------------------------------------------
+
+
+def install_openapi(app: FastAPI) -> None:
+    """Serve the exact document at `/openapi.json` (built once, on first request)."""
+
+    def build() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = build_document(app)
+        return app.openapi_schema
+
+    app.openapi = build  # type: ignore[method-assign]
+
+
+def build_document(app: FastAPI) -> dict[str, Any]:
+    """FastAPI's document with each route's declared answers and the canonical components."""
+    document = get_openapi(
+        title=app.title,
+        version=app.version,
+        openapi_version="3.1.0",
+        description=app.description,
+        routes=app.routes,
+    )
+    for methods in document.get("paths", {}).values():
+        for operation in methods.values():
+            _settle(operation)
+    components = document.setdefault("components", {})
+    components["schemas"] = {**canonical_components(), **API_COMPONENTS}
+    components["securitySchemes"] = {
+        SECURITY_SCHEME: {"type": "http", "scheme": "bearer", "description": "a principal's token (SPEC 8)"}
+    }
+    return document
+
+
+def _settle(operation: dict[str, Any]) -> None:
+    """Replace FastAPI's guessed answers with the declared ones; keep its parameters, made plain."""
+    declared = operation.pop(_DECLARED, None)
+    if declared is None:
+        return
+    operation.pop("requestBody", None)
+    operation.update(copy.deepcopy(declared))
+    for parameter in operation.get("parameters", ()):
+        parameter["schema"] = _without_null(parameter.get("schema", {}))
+
+
+def _without_null(schema: dict[str, Any]) -> dict[str, Any]:
+    """An optional query parameter is absent or an integer: `null` is not a value a query can carry."""
+    options = [s for s in schema.get("anyOf", ()) if s.get("type") != "null"]
+    if len(options) == 1 and len(options) < len(schema.get("anyOf", ())):
+        rest = {k: v for k, v in schema.items() if k != "anyOf" and not (k == "default" and v is None)}
+        return {**options[0], **rest}
+    return schema
