@@ -128,7 +128,7 @@ class Block:
 
 
 async def start_serve(argv: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
-    with log.open("ab") as sink:
+    with log.open("wb") as sink:  # a fresh log: its `serving on` line is this server's
         process = subprocess.Popen(
             argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink
         )
