@@ -282,6 +282,7 @@ def _short_retention_catalog(base: Path, retention: int) -> list[str]:
     spec = importlib.util.spec_from_file_location("bench_soak", ROOT / "bench" / "soak.py")
     assert spec is not None and spec.loader is not None
     soak = importlib.util.module_from_spec(spec)
+    sys.modules["bench_soak"] = soak  # dataclasses look their module up there
     spec.loader.exec_module(soak)
     catalog, trust = soak.signed_catalog(base / "catalog", retention)
     return ["--catalog", str(catalog), "--trust", str(trust)]
