@@ -26,7 +26,7 @@ def build_provider(
     replay: Path | None = None,
     replay_speed: float = 1.0,
     ble_adapter: str | None = None,
-    mdns_interfaces: Sequence[str] | None = None,
+    mdns_interfaces: Sequence[str] | str | None = None,
     every_report: bool = False,
 ) -> Provider:
     """The provider for `transport`; raises ProviderUnavailable when its backend cannot be loaded."""
@@ -43,13 +43,18 @@ def build_provider(
 
 
 def _options(
-    transport: str, ble_adapter: str | None, mdns_interfaces: Sequence[str] | None, every_report: bool = False
+    transport: str,
+    ble_adapter: str | None,
+    mdns_interfaces: Sequence[str] | str | None,
+    every_report: bool = False,
 ) -> dict[str, Any]:
     """Constructor options the real backend of `transport` takes (`every_report`: a recording's BLE)."""
     if transport == "ble":
         return {"adapter": ble_adapter, "every_report": every_report}
     if transport == "mdns":
-        return {"interfaces": list(mdns_interfaces) if mdns_interfaces is not None else None}
+        if mdns_interfaces is None or isinstance(mdns_interfaces, str):
+            return {"interfaces": mdns_interfaces}
+        return {"interfaces": list(mdns_interfaces)}
     return {}
 
 

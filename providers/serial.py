@@ -2,11 +2,18 @@
 
 Enumeration is read-only: a port is never opened. Only ports with USB identity (vid/pid) are USB-serial
 devices; built-in UARTs such as the VM console `ttyS0` never leave the provider.
+
+pyserial 3.5's `comports()` raises (TypeError from `int(None, 16)`, `list_ports_linux.py` lines 48-53) when a
+device's sysfs attributes vanish mid-read, as they do during plug, unplug and board resets (pyserial#774,
+#550). SPEC 6.5: such a pass is skipped - it neither refreshes nor drops a device - and only
+`MAX_FAILED_PASSES` consecutive failures end the session `provider-failure`. Each pass also maps device
+nodes to their udev `/dev/serial/by-id/` links, the address a binding reveals (SPEC 6.8).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
@@ -19,10 +26,12 @@ from serial.tools import list_ports
 
 from connector.core.observations import UsbObservation
 from connector.core.scope import DiscoveryScope, matches_scope
-from connector.errors import ProviderError, StopUnconfirmed
-from providers.base import ObservationSink, ProviderCapabilities
+from connector.errors import ProviderError
+from providers.base import BaseSession, ObservationSink, ProviderCapabilities
 
 MAX_POLL_INTERVAL_S = 1.0  # SPEC 6.5: enumeration passes at most 1 s apart
+MAX_FAILED_PASSES = 3  # SPEC 6.5: consecutive failed passes that end a session
+BY_ID_DIR = "/dev/serial/by-id"
 _MAX_TEXT = 256
 
 
@@ -40,6 +49,7 @@ class PortInfo(Protocol):
 
 
 PortEnumerator = Callable[[], Iterable[PortInfo]]
+StableLinks = Callable[[], Mapping[str, str]]
 
 
 def _system_ports() -> list[PortInfo]:
@@ -48,15 +58,29 @@ def _system_ports() -> list[PortInfo]:
     return ports
 
 
+def stable_links(directory: str = BY_ID_DIR) -> dict[str, str]:
+    """Device node -> its udev by-id link (the first in name order when several point at one node)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except OSError:  # no such directory: no USB-serial device has been plugged since boot, or not udev
+        return {}
+    links: dict[str, str] = {}
+    for name in names:
+        link = os.path.join(directory, name)
+        links.setdefault(os.path.realpath(link), link)
+    return links
+
+
 def _text(value: str | None) -> str | None:
     """A sysfs string, bounded; empty strings count as absent."""
     return value[:_MAX_TEXT] if value else None
 
 
-def port_observation(port: PortInfo) -> UsbObservation | None:
+def port_observation(port: PortInfo, links: Mapping[str, str] | None = None) -> UsbObservation | None:
     """The `add` observation for a port, or None when it carries no USB identity."""
     if port.vid is None or port.pid is None:
         return None
+    stable = (links or {}).get(os.path.realpath(port.device))
     return UsbObservation(
         event="add",
         device=port.device,
@@ -67,16 +91,20 @@ def port_observation(port: PortInfo) -> UsbObservation | None:
         product=_text(port.product),
         location=_text(port.location),
         interface=_text(port.interface),
+        stable_path=stable[:_MAX_TEXT] if stable else None,
     )
 
 
 def enumeration_pass(
-    scope: DiscoveryScope, ports: Iterable[PortInfo], previous: Mapping[str, UsbObservation]
+    scope: DiscoveryScope,
+    ports: Iterable[PortInfo],
+    previous: Mapping[str, UsbObservation],
+    links: Mapping[str, str] | None = None,
 ) -> tuple[list[UsbObservation], dict[str, UsbObservation]]:
     """One pass: every present in-scope port as `add`, every vanished one as `remove`, and the new state."""
     present: dict[str, UsbObservation] = {}
     for port in ports:
-        observation = port_observation(port)
+        observation = port_observation(port, links)
         if observation is not None and matches_scope(scope, observation):
             present[observation.device] = observation
     removed = [replace(seen, event="remove") for device, seen in previous.items() if device not in present]
@@ -87,12 +115,17 @@ class SerialProvider:
     """Polls `comports()` on a worker thread per session; sessions may run concurrently."""
 
     def __init__(
-        self, poll_interval_s: float = 0.5, *, enumerate_ports: PortEnumerator | None = None
+        self,
+        poll_interval_s: float = 0.5,
+        *,
+        enumerate_ports: PortEnumerator | None = None,
+        links: StableLinks | None = None,
     ) -> None:
         if not 0 < poll_interval_s <= MAX_POLL_INTERVAL_S:
             raise ValueError("poll_interval_s must be in (0, 1] seconds")
         self._poll_interval_s = poll_interval_s
         self._enumerate_ports = enumerate_ports or _system_ports
+        self._links = links or stable_links
 
     @property
     def capabilities(self) -> ProviderCapabilities:
@@ -103,45 +136,44 @@ class SerialProvider:
         """Start the enumeration worker for `scope`."""
         if scope.transport != "usb-serial":
             raise ProviderError("scope transport is not usb-serial")
-        session = SerialSession(scope, sink, self._enumerate_ports, self._poll_interval_s)
+        session = SerialSession(scope, sink, self._enumerate, self._poll_interval_s)
         session.start()
         return session
 
+    def _enumerate(self) -> tuple[Iterable[PortInfo], Mapping[str, str]]:
+        """One raw pass: the ports and the by-id links (worker thread)."""
+        return list(self._enumerate_ports()), self._links()
 
-class SerialSession:
+
+Enumeration = Callable[[], tuple[Iterable[PortInfo], Mapping[str, str]]]
+
+
+class SerialSession(BaseSession):
     """One enumeration worker; `stop()` returns once the worker thread has been joined."""
 
     def __init__(
-        self, scope: DiscoveryScope, sink: ObservationSink, enumerate_ports: PortEnumerator, interval_s: float
+        self, scope: DiscoveryScope, sink: ObservationSink, enumerate_ports: Enumeration, interval_s: float
     ) -> None:
-        self._scope = scope
-        self._sink = sink
+        super().__init__(scope, sink)
         self._enumerate_ports = enumerate_ports
         self._interval_s = interval_s
         self._token = anyio.lowlevel.current_token()
         self._halt = threading.Event()
         self._exited = anyio.Event()
-        self._closed = False  # loop-thread flag: nothing reaches the sink once stop() began
-        self._confirmed = False
         self._thread = threading.Thread(target=self._run, name="sensorium-usb-enumeration", daemon=True)
 
     def start(self) -> None:
         """Launch the worker thread."""
+        self.opened()
         self._thread.start()
 
-    async def stop(self) -> None:
-        """Signal the worker and wait, within the scope's cleanup timeout, until its thread has ended."""
-        if self._confirmed:
-            return
-        self._closed = True
+    async def _stop_backend(self) -> str | None:
+        """One attempt (the shape of the shared base's): signal the worker, None once its thread ended."""
         self._halt.set()
-        with anyio.move_on_after(self._scope.cleanup_timeout_ms / 1000):
-            await self._exited.wait()
-            while self._thread.is_alive():  # setting `_exited` is the worker's last step
-                await anyio.sleep(0.001)
-        if self._thread.is_alive():
-            raise StopUnconfirmed("usb enumeration worker did not stop within the cleanup timeout")
-        self._confirmed = True
+        await self._exited.wait()
+        while self._thread.is_alive():  # setting `_exited` is the worker's last step
+            await anyio.sleep(0.001)
+        return None
 
     def _run(self) -> None:
         """Worker body: poll until halted, then tell the loop that the worker is done."""
@@ -152,32 +184,42 @@ class SerialSession:
                 anyio.from_thread.run_sync(self._exited.set, token=self._token)
 
     def _poll(self) -> None:
-        """Enumerate, deliver, wait; until halted."""
+        """Enumerate, deliver, wait; until halted. A failed pass is skipped; too many in a row fail."""
         previous: dict[str, UsbObservation] = {}
+        failed = 0
         try:
             while not self._halt.is_set():
-                batch, previous = enumeration_pass(self._scope, self._enumerate_ports(), previous)
-                anyio.from_thread.run_sync(self._deliver, batch, token=self._token)
+                batch = self._one_pass(previous)
+                if batch is None:
+                    failed += 1
+                    if failed >= MAX_FAILED_PASSES:
+                        self._report_failure()
+                        return
+                else:
+                    failed = 0
+                    observations, previous = batch
+                    anyio.from_thread.run_sync(self._deliver, observations, token=self._token)
                 self._halt.wait(self._interval_s)
         except anyio.RunFinishedError:
             return  # the event loop is gone; nobody is left to tell
-        except Exception:  # translated here, without the driver's (device-bearing) text
-            self._report_failure()
+
+    def _one_pass(
+        self, previous: Mapping[str, UsbObservation]
+    ) -> tuple[list[UsbObservation], dict[str, UsbObservation]] | None:
+        """One enumeration pass diffed against `previous`, or None when the pass failed."""
+        try:
+            ports, links = self._enumerate_ports()
+            return enumeration_pass(self.scope, ports, previous, links)
+        except Exception:  # dropped here with the driver's (device-bearing) text
+            return None
 
     def _report_failure(self) -> None:
         """Tell the sink that enumeration failed (from the worker)."""
         error = ProviderError("usb enumeration failed")
         with contextlib.suppress(anyio.RunFinishedError):
-            anyio.from_thread.run_sync(self._fail, error, token=self._token)
+            anyio.from_thread.run_sync(self.fail, error, token=self._token)
 
     def _deliver(self, batch: Sequence[UsbObservation]) -> None:
-        """Hand one pass to the sink (loop thread)."""
+        """Hand one pass to the sink, re-filtered, unless the session is stopping (loop thread)."""
         for observation in batch:
-            if self._closed:
-                return
-            self._sink.observe(observation)
-
-    def _fail(self, error: ProviderError) -> None:
-        """Report a backend failure to the sink unless the session is already stopping (loop thread)."""
-        if not self._closed:
-            self._sink.fail(error)
+            self.deliver(observation)

@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-want_debs=(libdbus-1-dev libglib2.0-dev pkg-config gcc dbus-daemon chromium)
+want_debs=(libdbus-1-dev libglib2.0-dev pkg-config gcc dbus-daemon chromium avahi-daemon avahi-utils iproute2)
 missing=()
 for deb in "${want_debs[@]}"; do
   dpkg-query -W -f='${Status}' "$deb" 2>/dev/null | grep -q "install ok installed" || missing+=("$deb")

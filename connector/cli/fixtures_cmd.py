@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import functools
-import ipaddress
 import signal
 import sys
 import types
@@ -78,7 +77,7 @@ def register(subparsers: Any) -> None:
     record.add_argument("--seconds", required=True, type=_seconds, metavar="S", help="recording length")
     record.add_argument("-o", "--output", required=True, type=Path, metavar="FILE")
     record.add_argument("--keep-identities", action="store_true", help="do not pseudonymise (never share)")
-    record.add_argument("--mdns-interfaces", type=_interfaces, metavar="IP[,IP...]")
+    record.add_argument("--mdns-interfaces", type=_interfaces, metavar="IP[,IP...]|all")
     record.add_argument("--ble-adapter", metavar="NAME")
     record.add_argument("--service-type", action="append", default=[], metavar="TYPE", help="repeatable")
     record.add_argument("--types-seconds", type=_types_seconds, default=DEFAULT_TYPES_SECONDS, metavar="S")
@@ -112,16 +111,14 @@ def _types_seconds(text: str) -> int:
     return _bounded_int(text, MAX_TYPES_SECONDS)
 
 
-def _interfaces(text: str) -> list[str]:
-    """`IP[,IP...]` of IPv4 interface addresses."""
-    parts = [part.strip() for part in text.split(",") if part.strip()]
+def _interfaces(text: str) -> tuple[str, ...] | str:
+    """`IP[,IP...]` (IPv4 or IPv6 interface addresses) or `all`."""
+    from providers.mdns_interfaces import parse_setting
+
     try:
-        addresses = [str(ipaddress.IPv4Address(part)) for part in parts]
+        return parse_setting(text)
     except ValueError:
-        raise argparse.ArgumentTypeError("expects IPv4 addresses separated by commas") from None
-    if not addresses:
-        raise argparse.ArgumentTypeError("expects at least one IPv4 address")
-    return addresses
+        raise argparse.ArgumentTypeError("expects IP addresses separated by commas, or all") from None
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -358,16 +355,19 @@ def _is_service_type(name: str) -> bool:
     return labels[0].startswith("_") and labels[1] in ("_tcp", "_udp") and labels[2] == "local"
 
 
-async def _learn_service_types(interfaces: Sequence[str] | None, seconds: float) -> tuple[str, ...]:
+async def _learn_service_types(interfaces: Sequence[str] | str | None, seconds: float) -> tuple[str, ...]:
     """Browse the DNS-SD meta-query for `seconds`; the service types announced on the chosen interfaces."""
     print(f"fixtures record: learning the mdns service types for {seconds} s", file=sys.stderr)
     return await find_service_types(interfaces, seconds)
 
 
-async def find_service_types(interfaces: Sequence[str] | None, seconds: float) -> tuple[str, ...]:
+async def find_service_types(interfaces: Sequence[str] | str | None, seconds: float) -> tuple[str, ...]:
     """Service types answered to `_services._dns-sd._udp.local.` within `seconds` (QM questions)."""
-    from zeroconf import DNSQuestionType, InterfaceChoice, IPVersion, ServiceStateChange, Zeroconf
-    from zeroconf.asyncio import AsyncServiceBrowser, AsyncZeroconf
+    from zeroconf import DNSQuestionType, ServiceStateChange, Zeroconf
+    from zeroconf.asyncio import AsyncServiceBrowser
+
+    from providers.mdns import open_engine
+    from providers.mdns_interfaces import NoMulticastInterface, check_setting, select_interfaces
 
     found: set[str] = set()
 
@@ -375,11 +375,11 @@ async def find_service_types(interfaces: Sequence[str] | None, seconds: float) -
         if state_change is not ServiceStateChange.Removed and _is_service_type(name):
             found.add(normalise_service_type(name))
 
-    choice: list[str] | InterfaceChoice = list(interfaces) if interfaces else InterfaceChoice.All
-    try:
-        azc = AsyncZeroconf(interfaces=choice, ip_version=IPVersion.V4Only)
-    except OSError:
-        raise ProviderUnavailable("mdns sockets could not be opened") from None
+    try:  # the same interfaces a recording session would use (SPEC 12)
+        selection = select_interfaces(check_setting(interfaces))
+    except NoMulticastInterface as reason:
+        raise ProviderUnavailable(str(reason)) from None
+    azc = await open_engine(selection)
     try:
         browser = AsyncServiceBrowser(
             azc.zeroconf, [SERVICE_TYPE_ENUMERATION], handlers=[on_change], question_type=DNSQuestionType.QM

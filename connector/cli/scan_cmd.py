@@ -8,7 +8,6 @@ cancelled by Ctrl-C whose stop was confirmed.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import json
 import secrets
 import signal
@@ -83,7 +82,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--json", action="store_true", help="print only the final v2 status on stdout")
     parser.add_argument("--catalog", type=Path, default=None, metavar="PATH")
     parser.add_argument("--trust", type=Path, default=None, metavar="DIR")
-    parser.add_argument("--mdns-interfaces", type=_interfaces, metavar="IP[,IP...]")
+    parser.add_argument("--mdns-interfaces", type=_interfaces, metavar="IP[,IP...]|all")
     parser.add_argument("--ble-adapter", metavar="NAME")
     parser.set_defaults(handler=run)
 
@@ -93,17 +92,14 @@ def _one_line_error(parser: argparse.ArgumentParser, message: str) -> NoReturn:
     parser.exit(usage_error(f"scan: {message}"))
 
 
-def _interfaces(text: str) -> list[str]:
-    """`IP[,IP...]` of IPv4 interface addresses."""
-    parts = [part.strip() for part in text.split(",") if part.strip()]
+def _interfaces(text: str) -> tuple[str, ...] | str:
+    """`IP[,IP...]` (IPv4 or IPv6 interface addresses) or `all`."""
+    from providers.mdns_interfaces import parse_setting
+
     try:
-        return [str(ipaddress.IPv4Address(part)) for part in parts] or _no_interfaces()
+        return parse_setting(text)
     except ValueError:
-        raise argparse.ArgumentTypeError("expects IPv4 addresses separated by commas") from None
-
-
-def _no_interfaces() -> NoReturn:
-    raise argparse.ArgumentTypeError("expects at least one IPv4 address")
+        raise argparse.ArgumentTypeError("expects IP addresses separated by commas, or all") from None
 
 
 def run(args: argparse.Namespace) -> int:

@@ -56,7 +56,7 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--replay-speed", type=float, default=1.0)
     parser.add_argument("--nats", default=None, metavar="URL")
     parser.add_argument("--nats-service", default="sensorium-os", metavar="NAME", help="Bus subject prefix")
-    parser.add_argument("--mdns-interfaces", default=None, metavar="IP[,IP...]")
+    parser.add_argument("--mdns-interfaces", default=None, metavar="IP[,IP...]|all")
     parser.add_argument("--ble-adapter", default=None)
     parser.set_defaults(handler=run)
 
@@ -76,7 +76,7 @@ def parse_replays(values: list[str]) -> dict[str, Path]:
 
 def config_from(args: argparse.Namespace) -> ConnectorConfig:
     """The process configuration from parsed arguments."""
-    interfaces = [ip for ip in args.mdns_interfaces.split(",") if ip] if args.mdns_interfaces else None
+    interfaces = None if args.mdns_interfaces is None else _mdns_interfaces(args.mdns_interfaces)
     if args.replay_speed <= 0:
         raise ValueError("--replay-speed must be greater than 0")
     return ConnectorConfig(
@@ -90,6 +90,16 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
         nats_url=None if args.nats is None else check_broker_url(args.nats),
         nats_service=_nats_service(args.nats_service),
     )
+
+
+def _mdns_interfaces(text: str) -> tuple[str, ...] | str:
+    """`IP[,IP...]` or `all`; ValueError with a one-line reason otherwise."""
+    from providers.mdns_interfaces import parse_setting
+
+    try:
+        return parse_setting(text)
+    except ValueError:
+        raise ValueError("--mdns-interfaces takes IP addresses separated by commas, or all") from None
 
 
 def _nats_service(name: str) -> str:

@@ -230,6 +230,7 @@ class UsbDetails(WireModel):
     pid: Uint16 | None = None
     manufacturer: Text | None = None
     product: Text | None = None
+    interface: Label | None = None
 
 
 class MdnsDetails(WireModel):

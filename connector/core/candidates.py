@@ -91,6 +91,9 @@ def usb_content(observation: UsbObservation) -> dict[str, Any]:
         text = sanitise_text(getattr(observation, key))
         if text is not None:
             usb[key] = text
+    interface = usb_interface(observation)
+    if interface is not None:
+        usb["interface"] = interface
     content: dict[str, Any] = {"usb": usb} if usb else {}
     label = sanitise_text(observation.product or observation.manufacturer, MAX_LABEL_CHARS)
     if label is None and observation.product:
@@ -98,6 +101,23 @@ def usb_content(observation: UsbObservation) -> dict[str, Any]:
     if label is not None:
         content["label"] = label
     return content
+
+
+def usb_interface(observation: UsbObservation) -> str | None:
+    """SPEC 6.5 `usb.interface`: the interface string, else `interface <n>` on a multi-interface device.
+
+    pyserial 3.5 (`list_ports_linux.py` lines 55-58) gives the interface directory's name as `location` only
+    when `bNumInterfaces` > 1; the kernel names it `<bus>-<port path>:<config>.<bInterfaceNumber>`.
+    """
+    text = sanitise_text(observation.interface, MAX_LABEL_CHARS)
+    if text is not None:
+        return text
+    location = observation.location or ""
+    _, colon, config_interface = location.rpartition(":")
+    number = config_interface.rpartition(".")[2]
+    if colon and number.isdigit():
+        return f"interface {int(number)}"
+    return None
 
 
 def mdns_content(observation: MdnsObservation) -> dict[str, Any]:

@@ -78,6 +78,9 @@ class SessionView:
     state_changed_at_ms: int | None = None
     # Status diagnostic codes (e.g. `stop-by-disconnect`, SPEC 6.7): fixed names, never device data.
     diagnostics: tuple[str, ...] = ()
+    # A provider's fixed one-line reason for not starting (never device data), shown instead of the
+    # code's generic message; durable metadata keeps the code only.
+    error_detail: str | None = None
 
 
 def _delivers_candidates(view: SessionView) -> bool:
@@ -120,7 +123,8 @@ def _result(view: SessionView) -> dict[str, Any]:
 
 def _error(view: SessionView) -> dict[str, str]:
     code = view.error_code or DEFAULT_ERROR_CODE[view.status]
-    return {"code": code, "message": ERROR_MESSAGES.get(code, "the operation did not complete")}
+    message = view.error_detail or ERROR_MESSAGES.get(code, "the operation did not complete")
+    return {"code": code, "message": message}
 
 
 def _cancellation(view: SessionView) -> dict[str, Any] | None:

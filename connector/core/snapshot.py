@@ -130,7 +130,14 @@ def _signature(observation: Any) -> tuple[Any, ...]:
             frozenset(observation.manufacturer_data),
         )
     if type(observation) is UsbObservation:
-        return (observation.vid, observation.pid, observation.manufacturer, observation.product)
+        return (
+            observation.vid,
+            observation.pid,
+            observation.manufacturer,
+            observation.product,
+            observation.interface,
+            observation.location,
+        )
     return (observation.service_type, observation.name)
 
 
@@ -525,11 +532,11 @@ class CandidateTable:
 
 
 def transport_address(observation: Observation) -> str:
-    """The address a binding reveals: BLE address, serial device path, or mDNS `ip:port`."""
+    """The address a binding reveals: BLE address, serial by-id link (else node), or mDNS `ip:port`."""
     if isinstance(observation, BleObservation):
         return observation.address
     if isinstance(observation, UsbObservation):
-        return observation.device
+        return observation.stable_path or observation.device
     host = observation.addresses[0] if observation.addresses else observation.server or observation.name
     if observation.port is None:
         return host

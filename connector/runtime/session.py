@@ -45,7 +45,7 @@ from connector.core.observations import Observation
 from connector.core.projections import SessionView
 from connector.core.scope import DiscoveryProfile, DiscoveryScope
 from connector.core.snapshot import CandidateTable, IngestOutcome
-from connector.errors import ProviderError
+from connector.errors import ProviderError, ProviderUnavailable
 from connector.runtime.claims import Claim
 from providers.base import Provider, ProviderSession, StopOutcome, stop_bound_ms
 
@@ -126,6 +126,7 @@ class DiscoverySession:
         self.state_changed_at_ms = spec.created_at_ms
         self.reason: str | None = None
         self.error_code: str | None = None
+        self.error_detail: str | None = None
         self.cancellation_state: CancellationState | None = None
         self.cancellation_requested_at_ms: int | None = None
         self.cancellation_confirmed_at_ms: int | None = None
@@ -212,6 +213,7 @@ class DiscoverySession:
             disclosed_count=len(self.disclosed),
             causal_context=spec.causal_context,
             state_changed_at_ms=self.state_changed_at_ms,
+            error_detail=self.error_detail,
         )
 
     # ---- provider-facing (event-loop thread) ---------------------------------------------------------------
@@ -298,6 +300,10 @@ class DiscoverySession:
         with anyio.move_on_after(self._seconds_until(self._hard_deadline_ms())):
             try:
                 self._provider_session = await self.provider.start(self.spec.scope, self.sink)
+            except ProviderUnavailable as error:  # its message is a fixed reason written by the provider
+                self.error_detail = error.message
+                self._conclude_unstarted(EndCause.FAILURE, error.code)
+                return False
             except ProviderError as error:
                 self._conclude_unstarted(EndCause.FAILURE, error.code)
                 return False

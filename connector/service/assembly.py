@@ -47,7 +47,7 @@ class ConnectorConfig:
     replay: Mapping[str, Path] = field(default_factory=dict)
     replay_speed: float = 1.0
     ble_adapter: str | None = None
-    mdns_interfaces: Sequence[str] | None = None
+    mdns_interfaces: Sequence[str] | str | None = None  # addresses, "all", or None: the default route
     nats_url: str | None = None
     max_body_bytes: int = 65536
     host_policy: DeferredHostPolicy = field(default_factory=DeferredHostPolicy)

@@ -14,8 +14,10 @@ from collections.abc import Callable, Mapping
 from types import TracebackType
 from typing import Self
 
-from zeroconf import IPVersion
+from zeroconf import DNSOutgoing, IPVersion
+from zeroconf._dns import DNSPointer, DNSRecord, DNSService
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
+from zeroconf.const import _CLASS_IN, _CLASS_UNIQUE, _FLAGS_AA, _FLAGS_QR_RESPONSE, _TYPE_PTR, _TYPE_SRV
 
 from connector.core.observations import MdnsObservation, Observation
 from connector.errors import ProviderError
@@ -81,6 +83,28 @@ class Responder:
     async def unregister(self, info: AsyncServiceInfo) -> None:
         """Withdraw an instance (goodbye packets)."""
         await self.azc.async_unregister_service(info)
+
+    def forget(self, info: AsyncServiceInfo) -> None:
+        """Stop answering for an instance without a goodbye (a responder that vanished)."""
+        self.azc.zeroconf.registry.async_remove(info)
+
+    def announce(self, records: list[DNSRecord]) -> None:
+        """Multicast raw answer records (split over as many packets as they need)."""
+        out = DNSOutgoing(_FLAGS_QR_RESPONSE | _FLAGS_AA)
+        for record in records:
+            out.add_answer_at_time(record, 0)
+        self.azc.zeroconf.async_send(out)
+
+
+def ptr(service_type: str, alias: str, ttl: int = 4500) -> DNSPointer:
+    """A shared PTR record `service_type -> alias`."""
+    return DNSPointer(service_type, _TYPE_PTR, _CLASS_IN, ttl, alias)
+
+
+def srv(name: str, port: int, server: str, *, unique: bool = True, ttl: int = 120) -> DNSService:
+    """An SRV record; `unique=False` omits the cache-flush bit, so a second one can sit beside it."""
+    class_ = _CLASS_IN | _CLASS_UNIQUE if unique else _CLASS_IN
+    return DNSService(name, _TYPE_SRV, class_, ttl, 0, 0, port, server)
 
 
 def service_info(

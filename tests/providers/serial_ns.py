@@ -35,23 +35,43 @@ _UNSHARE_VARIANTS = (
 
 @dataclass(frozen=True)
 class FakeUsb:
-    """Sysfs identity of one fake USB-serial port."""
+    """Sysfs identity of one fake USB device (one or more serial interfaces)."""
 
-    bus_path: str
-    subsystem: str  # "usb-serial" (a driver like ftdi_sio) or "usb" (cdc_acm)
+    bus_path: str  # the kernel's device name, e.g. `1-2` (bus 1, port 2)
+    driver_subsystem: str  # "usb-serial" (ftdi_sio: a tty child per interface) or "usb" (cdc_acm)
     vid: int
     pid: int
     serial: str
     manufacturer: str
     product: str
+    num_interfaces: int
 
+
+@dataclass(frozen=True)
+class FakePort:
+    """One tty of a fake device: which interface it sits on, and that interface's string if it has one."""
+
+    usb: FakeUsb
+    interface_number: int
+    interface_string: str | None
+    by_id: str  # the name udev's 60-serial.rules gives it under /dev/serial/by-id
+
+
+FT232R = FakeUsb("1-2", "usb-serial", 0x0403, 0x6001, "A50285BI", "FTDI", "FT232R USB UART", 1)
+FT232R_B = FakeUsb("1-4", "usb-serial", 0x0403, 0x6001, "FT9XQ2B1", "FTDI", "FT232R USB UART", 1)
+FT2232 = FakeUsb("1-5", "usb-serial", 0x0403, 0x6010, "FT2KZ7Q3", "FTDI", "Dual RS232-HS", 2)
+UNO = FakeUsb("1-3", "usb", 0x2341, 0x0043, "85735313", "Arduino (www.arduino.cc)", "Arduino Uno", 2)
 
 # None: a built-in UART with no USB identity, like the VM console.
-DEVICES: Mapping[str, FakeUsb | None] = {
+DEVICES: Mapping[str, FakePort | None] = {
     "ttyS0": None,
-    "ttyUSB0": FakeUsb("1-2", "usb-serial", 0x0403, 0x6001, "A50285BI", "FTDI", "FT232R USB UART"),
-    "ttyUSB1": FakeUsb("1-4", "usb-serial", 0x0403, 0x6001, "FT9XQ2B1", "FTDI", "FT232R USB UART"),
-    "ttyACM0": FakeUsb("1-3", "usb", 0x2341, 0x0043, "85735313", "Arduino", "Arduino Uno"),
+    "ttyUSB0": FakePort(FT232R, 0, "FT232R USB UART", "usb-FTDI_FT232R_USB_UART_A50285BI-if00-port0"),
+    "ttyUSB1": FakePort(FT232R_B, 0, "FT232R USB UART", "usb-FTDI_FT232R_USB_UART_FT9XQ2B1-if00-port0"),
+    # An FT2232H with a blank EEPROM: two interfaces, no interface strings.
+    "ttyUSB2": FakePort(FT2232, 0, None, "usb-FTDI_Dual_RS232-HS_FT2KZ7Q3-if00-port0"),
+    "ttyUSB3": FakePort(FT2232, 1, None, "usb-FTDI_Dual_RS232-HS_FT2KZ7Q3-if01-port0"),
+    # CDC-ACM: interface 0 (communications) owns the tty, interface 1 carries the data.
+    "ttyACM0": FakePort(UNO, 0, None, "usb-Arduino__www.arduino.cc__0043_85735313-if00"),
 }
 
 
@@ -114,7 +134,7 @@ def _sysfs_device_dir(root: Path, name: str) -> Path:
     spec = DEVICES[name]
     if spec is None:
         return root / "sys" / "devices" / "pnp0" / "00:00" / "00:00:0" / "00:00:0.0"
-    return root / "sys" / "devices" / "pci0000:00" / "0000:00:14.0" / "usb1" / spec.bus_path
+    return root / "sys" / "devices" / "pci0000:00" / "0000:00:14.0" / "usb1" / spec.usb.bus_path
 
 
 def _bus(root: Path, subsystem: str) -> Path:
@@ -124,7 +144,7 @@ def _bus(root: Path, subsystem: str) -> Path:
 
 
 def add_device(root: Path, name: str) -> None:
-    """Create the sysfs entries of a port first, then its /dev node (so a visible node is complete)."""
+    """Create the sysfs entries of a port first, then its /dev node and by-id link."""
     spec = DEVICES[name]
     device_dir = _sysfs_device_dir(root, name)
     class_dir = root / "sys" / "class" / "tty" / name
@@ -136,36 +156,73 @@ def add_device(root: Path, name: str) -> None:
     else:
         _add_usb_sysfs(root, name, spec, device_dir, class_dir)
     os.mknod(Path("/dev", name), 0o600 | stat.S_IFREG)  # mknod, not open: the audit hook stays quiet
+    if spec is not None:
+        by_id = Path("/dev/serial/by-id")
+        by_id.mkdir(parents=True, exist_ok=True)
+        (by_id / spec.by_id).symlink_to(f"../../{name}")
 
 
-def _add_usb_sysfs(root: Path, name: str, spec: FakeUsb, device_dir: Path, class_dir: Path) -> None:
-    interface_dir = device_dir / f"{spec.bus_path}:1.0"
-    interface_dir.mkdir(parents=True)
-    for attribute, value in (
-        ("idVendor", f"{spec.vid:04x}"),
-        ("idProduct", f"{spec.pid:04x}"),
-        ("serial", spec.serial),
-        ("manufacturer", spec.manufacturer),
-        ("product", spec.product),
-        ("bNumInterfaces", " 1"),
-    ):
-        (device_dir / attribute).write_text(value + "\n")
-    if spec.subsystem == "usb-serial":  # the tty is a child of the interface
+def _add_usb_sysfs(root: Path, name: str, spec: FakePort, device_dir: Path, class_dir: Path) -> None:
+    """The layout pyserial 3.5 reads (`serial/tools/list_ports_linux.py`, line numbers in the comments)."""
+    usb = spec.usb
+    device_dir.mkdir(parents=True, exist_ok=True)  # a second port of one device shares it
+    _write_device_attributes(device_dir, usb)
+    # Interface directory: `<bus path>:<bConfigurationValue>.<bInterfaceNumber>` (line 56 uses its name).
+    interface_dir = device_dir / f"{usb.bus_path}:1.{spec.interface_number}"
+    interface_dir.mkdir()
+    (interface_dir / "bInterfaceNumber").write_text(f"{spec.interface_number:02x}\n")
+    if spec.interface_string is not None:  # line 62: `interface`, absent when iInterface is 0
+        (interface_dir / "interface").write_text(spec.interface_string + "\n")
+    if usb.driver_subsystem == "usb-serial":  # lines 37-38: the tty is a child of the interface
         tty_dir = interface_dir / name
         tty_dir.mkdir()
         (tty_dir / "subsystem").symlink_to(_bus(root, "usb-serial"))
-        (class_dir / "device").symlink_to(tty_dir)
-    else:  # cdc_acm: the tty's device is the interface itself, which names itself
-        (interface_dir / "interface").write_text(spec.product + "\n")
+        (class_dir / "device").symlink_to(tty_dir)  # lines 30-32: class/tty/<name>/device -> subsystem
+    else:  # lines 39-40 (cdc_acm): the tty's device is the interface itself
         (interface_dir / "subsystem").symlink_to(_bus(root, "usb"))
         (class_dir / "device").symlink_to(interface_dir)
 
 
+def _write_device_attributes(device_dir: Path, usb: FakeUsb) -> None:
+    """Device-level attributes, formatted as the kernel's sysfs show() functions print them."""
+    for attribute, value in (
+        ("idVendor", f"{usb.vid:04x}"),  # line 52
+        ("idProduct", f"{usb.pid:04x}"),  # line 53
+        ("serial", usb.serial),  # line 54
+        ("manufacturer", usb.manufacturer),  # line 60
+        ("product", usb.product),  # line 61
+        ("bNumInterfaces", f"{usb.num_interfaces:2d}"),  # line 48, "%2d" in drivers/usb/core/sysfs.c
+    ):
+        (device_dir / attribute).write_text(value + "\n")
+
+
+def vanish_attributes(root: Path, name: str) -> None:
+    """idVendor/idProduct disappear, as while the kernel tears the device down (pyserial#774)."""
+    device_dir = _sysfs_device_dir(root, name)
+    for attribute in ("idVendor", "idProduct"):
+        (device_dir / attribute).unlink()
+
+
+def restore_attributes(root: Path, name: str) -> None:
+    """The attributes are back (the device settled)."""
+    spec = DEVICES[name]
+    assert spec is not None
+    _write_device_attributes(_sysfs_device_dir(root, name), spec.usb)
+
+
 def remove_device(root: Path, name: str) -> None:
-    """Remove the /dev node first, then its sysfs entries."""
+    """Remove the /dev node and its link first, then its sysfs entries (the device dir with its last port)."""
+    spec = DEVICES[name]
     Path("/dev", name).unlink()
     shutil.rmtree(root / "sys" / "class" / "tty" / name)
-    shutil.rmtree(_sysfs_device_dir(root, name))
+    if spec is None:
+        shutil.rmtree(_sysfs_device_dir(root, name))
+        return
+    (Path("/dev/serial/by-id") / spec.by_id).unlink()
+    device_dir = _sysfs_device_dir(root, name)
+    shutil.rmtree(device_dir / f"{spec.usb.bus_path}:1.{spec.interface_number}")
+    if not any(p.name.startswith(f"{spec.usb.bus_path}:") for p in device_dir.iterdir()):
+        shutil.rmtree(device_dir)
 
 
 class _JsonSink:
@@ -191,6 +248,7 @@ class _JsonSink:
                 "product": observation.product,
                 "location": observation.location,
                 "interface": observation.interface,
+                "stable_path": observation.stable_path,
             }
         )
 
@@ -230,6 +288,20 @@ async def _play(root: Path, scenario: Mapping[str, Any], opened: list[str]) -> d
 
     from providers.serial import SerialProvider
 
+    passes = {"done": 0, "failed": 0}
+    real_comports = list_ports.comports
+
+    def counted_comports() -> Any:
+        try:
+            return real_comports()
+        except TypeError:
+            passes["failed"] += 1
+            raise
+        finally:
+            passes["done"] += 1
+
+    list_ports.comports = counted_comports  # providers.serial looks it up at every pass
+
     for name in scenario["initial"]:
         add_device(root, name)
     listed = sorted(port.device for port in list_ports.comports())
@@ -242,6 +314,17 @@ async def _play(root: Path, scenario: Mapping[str, Any], opened: list[str]) -> d
     steps: list[dict[str, Any]] = []
     for step in scenario["steps"]:
         await anyio.sleep(max(0.0, t0 + step["at_s"] - time.monotonic()))
+        if step["action"] == "vanish":
+            vanish_attributes(root, step["device"])
+            steps.append({**step, "t": round(time.monotonic() - t0, 3)})
+            # Until one whole pass (of every session's worker) ran into the missing attributes.
+            seen = passes["done"]
+            while passes["done"] < seen + 1 + len(sessions):
+                await anyio.sleep(0.01)
+            restore_attributes(root, step["device"])
+            restored_at = round(time.monotonic() - t0, 3)
+            steps.append({"action": "restore", "device": step["device"], "t": restored_at})
+            continue
         (add_device if step["action"] == "add" else remove_device)(root, step["device"])
         steps.append({**step, "t": round(time.monotonic() - t0, 3)})
     await anyio.sleep(max(0.0, t0 + scenario["window_s"] - time.monotonic()))
@@ -270,6 +353,7 @@ async def _play(root: Path, scenario: Mapping[str, Any], opened: list[str]) -> d
         "stop_ms": stop_ms,
         "late_events": {name: len(sink.events) - counts_at_stop[name] for name, sink in sinks.items()},
         "opened": opened_by_provider,
+        "failed_passes": passes["failed"],
         "hook_saw_control_open": hook_saw_control_open,
     }
 

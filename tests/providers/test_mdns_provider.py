@@ -1,21 +1,31 @@
-"""The mDNS provider against real python-zeroconf: a second engine on 127.0.0.1 plays the devices."""
+"""The mDNS provider against real python-zeroconf on 127.0.0.1: what avahi-daemon cannot play.
+
+A second engine on loopback sends what a real responder never would (malformed names, colliding SRVs, a
+PTR without SRV, a flood of 5,000 instances), and the tests look inside the provider where the wire shows
+nothing (the observation's fields, the presence cadence, no `AsyncServiceInfo` ever built for an
+out-of-scope name, sockets closed before `stop()` returns). The scenarios a real responder plays
+(publish, goodbye, presence over a window, vanished, out of scope on the wire, IPv6-only) are in
+`test_mdns_avahi.py`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import time
+import tracemalloc
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import pytest
 import pytest_asyncio
-from mdns_peer import LOOPBACK, RecordingSink, Responder, run_instance, run_service_type
-from zeroconf.asyncio import AsyncServiceBrowser
+from mdns_peer import LOOPBACK, RecordingSink, Responder, ptr, run_instance, run_service_type, srv
+from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo
 
 from connector.core.observations import MdnsObservation
 from connector.core.scope import DiscoveryScope, ScopeFilter
-from connector.errors import ProviderError, StopUnconfirmed
+from connector.errors import ProviderError, ProviderUnavailable, StopUnconfirmed
 from providers import mdns as mdns_module
-from providers.mdns import MdnsProvider
+from providers.mdns import MdnsProvider, MdnsSession
 
 PRINTERS = run_service_type("prn")
 SENSORS = run_service_type("sns")
@@ -26,13 +36,14 @@ def mdns_scope(
     instance_prefix: str | None = None,
     exclude_prefix: str | None = None,
     cleanup_timeout_ms: int = 2000,
+    max_candidates: int = 64,
 ) -> DiscoveryScope:
-    """An admitted mDNS scope for the given service types."""
+    """An admitted mDNS scope for the given (normalised) service types."""
     exclusions = None if exclude_prefix is None else ScopeFilter(instance_prefix=exclude_prefix)
     return DiscoveryScope(
         transport="mdns",
         window_seconds=10,
-        max_candidates=64,
+        max_candidates=max_candidates,
         max_snapshot_bytes=65536,
         filters=ScopeFilter(service_types=types, instance_prefix=instance_prefix),
         exclusions=exclusions,
@@ -49,23 +60,28 @@ def named(name: str, event: str | None = None) -> Callable[[MdnsObservation], bo
     return check
 
 
-def pending_resolutions() -> list[asyncio.Task[object]]:
-    """Resolution tasks of any mDNS session that have not finished."""
-    return [
-        t
-        for t in asyncio.all_tasks()
-        if not t.done() and "MdnsSession._resolve" in getattr(t.get_coro(), "__qualname__", "")
-    ]
+def zeroconf_tasks() -> list[asyncio.Task[Any]]:
+    """Unfinished tasks of any mDNS session or of python-zeroconf."""
+    found = []
+    for task in asyncio.all_tasks():
+        qualname = getattr(task.get_coro(), "__qualname__", "")
+        if not task.done() and ("MdnsSession" in qualname or "ServiceInfo" in qualname):
+            found.append(task)
+    return found
 
 
-@pytest_asyncio.fixture
-async def provider() -> AsyncIterator[MdnsProvider]:
-    """A provider pinned to loopback; its shared engine is closed after the test."""
-    mdns = MdnsProvider(interfaces=[LOOPBACK])
-    try:
-        yield mdns
-    finally:
-        await mdns.aclose()
+@pytest.fixture
+def resolved(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every instance name the provider built an `AsyncServiceInfo` for (i.e. tried to resolve)."""
+    names: list[str] = []
+
+    class Recording(AsyncServiceInfo):
+        def __init__(self, type_: str, name: str, *args: Any, **kwargs: Any) -> None:
+            names.append(name)
+            super().__init__(type_, name, *args, **kwargs)
+
+    monkeypatch.setattr(mdns_module, "AsyncServiceInfo", Recording)
+    return names
 
 
 @pytest_asyncio.fixture
@@ -75,227 +91,292 @@ async def responder() -> AsyncIterator[Responder]:
         yield peer
 
 
+def provider(**options: Any) -> MdnsProvider:
+    """A provider pinned to loopback."""
+    return MdnsProvider(interfaces=[LOOPBACK], **options)
+
+
+# -- configuration and refusals ------------------------------------------------------------------------------
+
+
 def test_capabilities_declare_service_type_filtering_and_concurrency() -> None:
-    caps = MdnsProvider(interfaces=[LOOPBACK]).capabilities
+    caps = provider().capabilities
     assert caps.transport == "mdns"
     assert caps.backend_filters == frozenset({"service_types"})
     assert caps.concurrent_sessions is True
 
 
-@pytest.mark.parametrize("interfaces", [["not-an-address"], ["::1"], []])
-def test_interfaces_must_be_ipv4_addresses_and_are_not_echoed(interfaces: list[str]) -> None:
+@pytest.mark.parametrize("interfaces", [["not-an-address"], [], "", "192.0.2.1,bogus"])
+def test_interfaces_must_be_addresses_or_all_and_are_not_echoed(interfaces: Any) -> None:
     with pytest.raises(ValueError) as refused:
         MdnsProvider(interfaces=interfaces)
-    assert "not-an-address" not in str(refused.value)
-    assert "::1" not in str(refused.value)
+    assert "not-an-address" not in str(refused.value) and "bogus" not in str(refused.value)
+
+
+@pytest.mark.parametrize("interfaces", [["127.0.0.1", "::1"], "all", "ALL", None, "127.0.0.1"])
+def test_ipv6_addresses_all_and_the_default_are_accepted(interfaces: Any) -> None:
+    MdnsProvider(interfaces=interfaces)
 
 
 @pytest.mark.asyncio
-async def test_start_refuses_a_scope_of_another_transport_or_without_service_types(
-    provider: MdnsProvider,
-) -> None:
+async def test_start_refuses_a_scope_of_another_transport_or_without_service_types() -> None:
     usb = DiscoveryScope("usb-serial", 5, 64, 65536, ScopeFilter(vid_pid=((0x0403, 0x6001),)))
     with pytest.raises(ProviderError):
-        await provider.start(usb, RecordingSink())
+        await provider().start(usb, RecordingSink())
     with pytest.raises(ProviderError):
-        await provider.start(mdns_scope(), RecordingSink())
+        await provider().start(mdns_scope(), RecordingSink())
 
 
 @pytest.mark.asyncio
-async def test_discovers_a_registered_service_with_its_resolved_details(
-    provider: MdnsProvider, responder: Responder
+async def test_an_address_on_no_interface_is_provider_unavailable_with_a_one_line_reason() -> None:
+    with pytest.raises(ProviderUnavailable) as refused:
+        await MdnsProvider(interfaces=["192.0.2.99"]).start(mdns_scope(SENSORS), RecordingSink())
+    assert refused.value.code == "provider-unavailable"
+    assert "\n" not in refused.value.message and "192.0.2.99" not in refused.value.message
+
+
+@pytest.mark.asyncio
+async def test_no_multicast_capable_interface_is_provider_unavailable(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    instance = run_instance("hall-printer")
-    await responder.register(PRINTERS, instance, {"model": "lab", "fw": "1.2.3"}, port=8631)
-    sink = RecordingSink()
-    session = await provider.start(mdns_scope(PRINTERS), sink)
-    try:
-        seen = await sink.wait_for(named(instance))
-    finally:
-        await session.stop()
-    assert seen.event == "add"
-    assert seen.service_type == PRINTERS
-    assert seen.name == f"{instance}.{PRINTERS}"
-    assert seen.server == f"{instance}.local."
-    assert seen.addresses == (LOOPBACK,)
-    assert seen.port == 8631
-    assert dict(seen.txt) == {"model": "lab", "fw": "1.2.3"}
-    assert seen.ttl is not None and seen.ttl > 0
-    assert sink.failures == []
+    monkeypatch.setattr("providers.mdns_interfaces.interface_flags", lambda name: 0x1)  # up, no MULTICAST
+    for setting in ("all", None):
+        with pytest.raises(ProviderUnavailable) as refused:
+            await MdnsProvider(interfaces=setting).start(mdns_scope(SENSORS), RecordingSink())
+        assert refused.value.message.startswith("no multicast-capable interface")
 
 
 @pytest.mark.asyncio
-async def test_reports_a_service_registered_during_the_window(
-    provider: MdnsProvider, responder: Responder
+async def test_the_interfaces_are_chosen_again_at_every_session_start(
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    sink = RecordingSink()
-    session = await provider.start(mdns_scope(SENSORS), sink)
-    try:
-        await asyncio.sleep(0.2)
-        instance = run_instance("late-sensor")
-        await responder.register(SENSORS, instance, {"kind": "co2"})
-        seen = await sink.wait_for(named(instance))
-    finally:
+    choices: list[object] = []
+    real_select = mdns_module.select_interfaces
+
+    def recording_select(setting: Any) -> Any:
+        choices.append(setting)
+        return real_select(setting)
+
+    monkeypatch.setattr(mdns_module, "select_interfaces", recording_select)
+    mdns = provider()
+    for _ in range(2):
+        session = await mdns.start(mdns_scope(SENSORS), RecordingSink())
         await session.stop()
-    assert seen.event == "add"
-    assert dict(seen.txt) == {"kind": "co2"}
+    assert choices == [("127.0.0.1",), ("127.0.0.1",)]
+
+
+# -- what a session reports ----------------------------------------------------------------------------------
 
 
 @pytest.mark.asyncio
-async def test_txt_change_during_the_window_is_an_update(
-    provider: MdnsProvider, responder: Responder
-) -> None:
-    instance = run_instance("thermo")
-    info = await responder.register(SENSORS, instance, {"fw": "1.0"})
-    sink = RecordingSink()
-    session = await provider.start(mdns_scope(SENSORS), sink)
-    try:
-        await sink.wait_for(named(instance, "add"))
-        await responder.update(info, {"fw": "2.0", "state": "ok"})
-        updated = await sink.wait_for(named(instance, "update"))
-    finally:
-        await session.stop()
-    assert dict(updated.txt) == {"fw": "2.0", "state": "ok"}
-    assert updated.addresses == (LOOPBACK,)
-    events = [o.event for o in sink.mdns if named(instance)(o)]
-    assert events[0] == "add"
-    assert events.count("add") == 1
-
-
-@pytest.mark.asyncio
-async def test_withdrawn_service_is_a_remove(provider: MdnsProvider, responder: Responder) -> None:
-    instance = run_instance("leaving")
-    info = await responder.register(SENSORS, instance, {"fw": "1.0"})
-    sink = RecordingSink()
-    session = await provider.start(mdns_scope(SENSORS), sink)
-    try:
-        await sink.wait_for(named(instance, "add"))
-        await responder.unregister(info)
-        removed = await sink.wait_for(named(instance, "remove"))
-    finally:
-        await session.stop()
-    assert removed.service_type == SENSORS
-    assert removed.ttl is None
-
-
-@pytest.mark.asyncio
-async def test_another_service_type_never_reaches_the_sink(
-    provider: MdnsProvider, responder: Responder
-) -> None:
-    printer, sensor = run_instance("scoped-printer"), run_instance("scoped-sensor")
-    await responder.register(PRINTERS, printer, {"k": "v"})
-    await responder.register(SENSORS, sensor, {"k": "v"})
-    printers, sensors = RecordingSink(), RecordingSink()
-    printer_session = await provider.start(mdns_scope(PRINTERS), printers)
-    sensor_session = await provider.start(mdns_scope(SENSORS), sensors)
-    try:
-        # The sensor session proves the sensor was on the wire while the printer session was browsing.
-        await sensors.wait_for(named(sensor))
-        await printers.wait_for(named(printer))
-        await asyncio.sleep(0.5)
-    finally:
-        await printer_session.stop()
-        await sensor_session.stop()
-    assert {o.service_type for o in printers.mdns} == {PRINTERS}
-    assert {o.service_type for o in sensors.mdns} == {SENSORS}
-
-
-@pytest.mark.asyncio
-async def test_instance_prefix_filter_and_exclusion(provider: MdnsProvider, responder: Responder) -> None:
-    alpha, beta = run_instance("alpha"), run_instance("beta")
-    await responder.register(SENSORS, alpha, {"k": "a"})
-    await responder.register(SENSORS, beta, {"k": "b"})
-    everything, only_alpha, not_alpha = RecordingSink(), RecordingSink(), RecordingSink()
-    sessions = [
-        await provider.start(mdns_scope(SENSORS), everything),
-        await provider.start(mdns_scope(SENSORS, instance_prefix=alpha), only_alpha),
-        await provider.start(mdns_scope(SENSORS, exclude_prefix=alpha), not_alpha),
-    ]
-    try:
-        await everything.wait_for(named(alpha))
-        await everything.wait_for(named(beta))
-        await only_alpha.wait_for(named(alpha))
-        await not_alpha.wait_for(named(beta))
-        await asyncio.sleep(0.5)
-    finally:
-        for session in sessions:
-            await session.stop()
-    ours = (alpha, beta)
-    assert {o.name for o in only_alpha.mdns} == {f"{alpha}.{SENSORS}"}
-    assert not any(named(alpha)(o) for o in not_alpha.mdns)
-    assert {o.name for o in everything.mdns if o.name.split(".")[0] in ours} == {
-        f"{alpha}.{SENSORS}",
-        f"{beta}.{SENSORS}",
-    }
-
-
-@pytest.mark.asyncio
-async def test_reports_the_shortest_record_ttl(provider: MdnsProvider, responder: Responder) -> None:
-    short, default = run_instance("short-ttl"), run_instance("default-ttl")
-    await responder.register(SENSORS, short, {"k": "v"}, ttl=4)
-    await responder.register(SENSORS, default, {"k": "v"})
-    sink = RecordingSink()
-    session = await provider.start(mdns_scope(SENSORS), sink)
-    try:
-        short_seen = await sink.wait_for(named(short))
-        default_seen = await sink.wait_for(named(default))
-    finally:
-        await session.stop()
-    assert short_seen.ttl is not None and 1 <= short_seen.ttl <= 4
-    # zeroconf's default TTLs: 120 s for host records (SRV, A), 4500 s for PTR and TXT.
-    assert default_seen.ttl is not None and 100 < default_seen.ttl <= 120
-
-
-@pytest.mark.asyncio
-async def test_instance_that_does_not_resolve_in_time_is_reported_with_what_is_known(
+async def test_a_resolved_instance_is_reported_without_its_txt_and_with_its_ptr_ttl(
     responder: Responder,
 ) -> None:
-    provider = MdnsProvider(interfaces=[LOOPBACK], resolve_timeout_ms=300)
+    instance = run_instance("hall-printer")
+    await responder.register(PRINTERS, instance, {"model": "CANARY-txt"}, port=8631)
+    sink = RecordingSink()
+    session = await provider().start(mdns_scope(PRINTERS), sink)
     try:
-        instance = run_instance("half-known")
-        await responder.register(PRINTERS, instance, {"fw": "9"}, port=9100, with_address=False)
-        sink = RecordingSink()
-        session = await provider.start(mdns_scope(PRINTERS), sink)
         seen = await sink.wait_for(named(instance))
-        await session.stop()
     finally:
-        await provider.aclose()
-    assert seen.event == "add"
-    assert seen.addresses == ()
-    assert (seen.port, dict(seen.txt)) == (9100, {"fw": "9"})
+        await session.stop()
+    assert (seen.event, seen.service_type, seen.name) == ("add", PRINTERS, f"{instance}.{PRINTERS}")
+    assert (seen.server, seen.addresses, seen.port) == (f"{instance}.local.", (LOOPBACK,), 8631)
+    assert dict(seen.txt) == {}  # TXT values are never kept
+    assert seen.ttl is not None and 4400 < seen.ttl <= 4500  # the PTR's TTL (zeroconf's default 4500 s)
+
+
+@pytest.mark.asyncio
+async def test_a_present_instance_is_reported_again_at_every_presence_pass(responder: Responder) -> None:
+    instance = run_instance("steady")
+    await responder.register(SENSORS, instance, {"k": "v"})
+    sink = RecordingSink()
+    session = await provider(presence_interval_s=0.2).start(mdns_scope(SENSORS), sink)
+    try:
+        await sink.wait_for(named(instance))
+        await asyncio.sleep(1.2)
+    finally:
+        await session.stop()
+    seen = [o for o in sink.mdns if named(instance)(o)]
+    assert seen[0].event == "add" and {o.event for o in seen[1:]} == {"update"}
+    assert len(seen) >= 4
+
+
+@pytest.mark.asyncio
+async def test_out_of_scope_instances_are_never_resolved(responder: Responder, resolved: list[str]) -> None:
+    alpha, beta, gamma = run_instance("alpha"), run_instance("beta"), run_instance("gamma")
+    for name in (alpha, beta, gamma):
+        await responder.register(SENSORS, name, {"k": "v"})
+    sink = RecordingSink()
+    session = await provider().start(mdns_scope(SENSORS, instance_prefix=alpha[:3]), sink)
+    excluding = RecordingSink()
+    other = await provider().start(mdns_scope(SENSORS, exclude_prefix=beta[:3]), excluding)
+    try:
+        await sink.wait_for(named(alpha))
+        await excluding.wait_for(named(gamma))
+        await asyncio.sleep(0.3)
+    finally:
+        await session.stop()
+        await other.stop()
+    ours = [n for n in resolved if n.split(".")[0] in (alpha, beta, gamma)]
+    assert ours.count(f"{beta}.{SENSORS}") == 0  # excluded by one session, not prefixed for the other
+    assert {o.name for o in sink.mdns} == {f"{alpha}.{SENSORS}"}
+
+
+# -- what a real responder would never send ------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_ptr_without_an_srv_answer_is_never_reported(responder: Responder) -> None:
+    ghost = f"{run_instance('ghost')}.{SENSORS}"
+    sink = RecordingSink()
+    session = await provider(resolve_timeout_ms=300).start(mdns_scope(SENSORS), sink)
+    try:
+        await asyncio.sleep(0.2)
+        responder.announce([ptr(SENSORS, ghost)])
+        await asyncio.sleep(1.0)
+        assert isinstance(session, MdnsSession) and session.tracked_count == 1
+    finally:
+        await session.stop()
+    assert sink.mdns == [] and sink.failures == []
+
+
+@pytest.mark.asyncio
+async def test_a_record_update_after_the_goodbye_does_not_bring_the_instance_back(
+    responder: Responder,
+) -> None:
+    # python-zeroconf#1048: the browser reports Updated after Removed when an SRV arrives after the goodbye.
+    name = f"{run_instance('late-srv')}.{SENSORS}"
+    sink = RecordingSink()
+    session = await provider(presence_interval_s=0.2).start(mdns_scope(SENSORS), sink)
+    try:
+        await asyncio.sleep(0.2)
+        responder.announce([ptr(SENSORS, name), srv(name, 1111, "late.local.")])
+        await sink.wait_for(lambda o: o.name == name and o.event == "add")
+        responder.announce([ptr(SENSORS, name, ttl=0)])  # goodbye
+        await sink.wait_for(lambda o: o.name == name and o.event == "remove")
+        removed_at = len(sink.mdns)
+        responder.announce([srv(name, 2222, "late.local.")])
+        await asyncio.sleep(1.0)
+    finally:
+        await session.stop()
+    assert [o for o in sink.mdns[removed_at:] if o.name == name] == []
+
+
+@pytest.mark.asyncio
+async def test_malformed_names_and_colliding_srvs_are_skipped_without_a_crash(responder: Responder) -> None:
+    good = run_instance("good")
+    await responder.register(SENSORS, good, {"k": "v"})
+    collided = f"{run_instance('twice')}.{SENSORS}"
+    sink = RecordingSink()
+    session = await provider(presence_interval_s=0.2).start(mdns_scope(SENSORS), sink)
+    try:
+        await asyncio.sleep(0.2)
+        responder.announce(
+            [
+                ptr(SENSORS, "no-type-suffix.local."),  # the alias does not end in the service type
+                ptr(SENSORS, SENSORS),  # an alias that is the service type itself, no instance label
+                ptr(SENSORS, collided),
+                srv(collided, 1111, "one.local.", unique=False),
+                srv(collided, 2222, "two.local.", unique=False),
+            ]
+        )
+        await sink.wait_for(named(good))
+        await asyncio.sleep(0.8)
+    finally:
+        await session.stop()
+    assert {o.name for o in sink.mdns} == {f"{good}.{SENSORS}"}
     assert sink.failures == []
 
 
 @pytest.mark.asyncio
-async def test_stop_waits_for_pending_resolutions_and_silences_the_session(responder: Responder) -> None:
-    provider = MdnsProvider(interfaces=[LOOPBACK], resolve_timeout_ms=10_000)
+async def test_a_flood_of_5000_instances_keeps_the_session_bounded(responder: Responder) -> None:
+    flood_type = run_service_type("fld")
+    keep = run_instance("keep")
+    await responder.register(flood_type, keep, {"k": "v"})
+    flood = [ptr(flood_type, f"flood-{n:04d}-{keep}.{flood_type}") for n in range(5000)]
+    narrow, wide = RecordingSink(), RecordingSink()
+    tracemalloc.start()
     try:
-        # Without an address record the instance never resolves, so its resolution stays pending.
-        unresolvable = run_instance("no-address")
-        await responder.register(PRINTERS, unresolvable, {"k": "v"}, with_address=False)
-        sink = RecordingSink()
-        session = await provider.start(mdns_scope(PRINTERS), sink)
-        async with asyncio.timeout(5):
-            while not pending_resolutions():
-                await asyncio.sleep(0.02)
-        started = time.monotonic()
-        await session.stop()
-        assert time.monotonic() - started < 1.0
-        assert pending_resolutions() == []
-        await session.stop()  # idempotent
-        await responder.register(PRINTERS, run_instance("after-stop"), {"k": "v"})
-        await asyncio.sleep(0.5)
-        assert sink.observations == []
-        assert sink.failures == []
+        narrow_session = await provider().start(mdns_scope(flood_type, instance_prefix=keep), narrow)
+        wide_session = await provider().start(mdns_scope(flood_type, max_candidates=8), wide)
+        await narrow.wait_for(named(keep))
+        before, _ = tracemalloc.get_traced_memory()
+        for start in range(0, 5000, 250):
+            responder.announce(flood[start : start + 250])
+            await asyncio.sleep(0.02)
+        await asyncio.sleep(1.0)
+        after, peak = tracemalloc.get_traced_memory()
+        assert isinstance(narrow_session, MdnsSession) and isinstance(wide_session, MdnsSession)
+        narrow_tracked, wide_tracked = narrow_session.tracked_count, wide_session.tracked_count
+        narrow_cache = sum(len(v) for v in narrow_session._zc.cache.cache.values())
     finally:
-        await provider.aclose()
+        tracemalloc.stop()
+        await narrow_session.stop()
+        await wide_session.stop()
+    assert narrow_tracked == 1  # only the in-scope instance; 5,000 names dropped on arrival
+    assert wide_tracked <= 9  # max_candidates + 1: the table ends such a session limit-reached
+    assert len({o.name for o in wide.mdns}) <= 9
+    assert narrow_cache <= 10_000  # python-zeroconf's own cap (_MAX_CACHE_RECORDS)
+    # Two engines each caching 5,000 PTRs: a few MB at most, not growing with what the sessions track.
+    assert after - before < 16 * 1024 * 1024 and peak - before < 24 * 1024 * 1024
+
+
+@pytest.mark.asyncio
+async def test_an_instance_left_out_for_lack_of_room_is_taken_in_once_a_slot_frees(
+    responder: Responder,
+) -> None:
+    names = [f"{run_instance(f'slot{n}')}.{SENSORS}" for n in range(3)]
+    sink = RecordingSink()
+    session = await provider(presence_interval_s=0.2).start(mdns_scope(SENSORS, max_candidates=1), sink)
+    assert isinstance(session, MdnsSession)
+    try:
+        await asyncio.sleep(0.2)
+        responder.announce(
+            [record for name in names for record in (ptr(SENSORS, name), srv(name, 80, "s.local."))]
+        )
+        async with asyncio.timeout(5):
+            while len({o.name for o in sink.mdns}) < 2:
+                await asyncio.sleep(0.02)
+        assert session.tracked_count == 2  # max_candidates + 1
+        first_two = {o.name for o in sink.mdns}
+        [left_out] = set(names) - first_two
+        responder.announce([ptr(SENSORS, sorted(first_two)[0], ttl=0)])  # one of them says goodbye
+        await sink.wait_for(lambda o: o.name == left_out and o.event == "add")
+    finally:
+        await session.stop()
+
+
+# -- the stop contract ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_stop_ends_resolutions_and_closes_every_socket_before_it_returns(responder: Responder) -> None:
+    sink = RecordingSink()
+    session = await provider(resolve_timeout_ms=10_000).start(mdns_scope(PRINTERS), sink)
+    assert isinstance(session, MdnsSession)
+    sockets = mdns_module.engine_sockets(session._azc)
+    assert sockets and all(s.fileno() != -1 for s in sockets)
+    responder.announce([ptr(PRINTERS, f"{run_instance('pending')}.{PRINTERS}")])
+    async with asyncio.timeout(5):
+        while session.tracked_count == 0:
+            await asyncio.sleep(0.02)
+    started = time.monotonic()
+    await session.stop()
+    assert time.monotonic() - started < 1.0
+    assert all(s.fileno() == -1 for s in sockets)
+    assert zeroconf_tasks() == []
+    await session.stop()  # idempotent
+    await responder.register(PRINTERS, run_instance("after-stop"), {"k": "v"})
+    await asyncio.sleep(0.3)
+    assert sink.observations == [] and sink.failures == []
 
 
 @pytest.mark.asyncio
 async def test_stop_unconfirmed_when_the_browser_does_not_acknowledge(
-    provider: MdnsProvider, monkeypatch: pytest.MonkeyPatch
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    session = await provider.start(mdns_scope(SENSORS, cleanup_timeout_ms=200), RecordingSink())
+    session = await provider().start(mdns_scope(SENSORS, cleanup_timeout_ms=200), RecordingSink())
     real_cancel = AsyncServiceBrowser.async_cancel
 
     async def stalled_cancel(self: AsyncServiceBrowser) -> None:
@@ -313,42 +394,13 @@ async def test_stop_unconfirmed_when_the_browser_does_not_acknowledge(
 
 
 @pytest.mark.asyncio
-async def test_sessions_of_separate_providers_share_one_engine_until_aclose(responder: Responder) -> None:
-    first, second = MdnsProvider(interfaces=[LOOPBACK]), MdnsProvider(interfaces=[LOOPBACK])
-    instance = run_instance("shared")
-    await responder.register(SENSORS, instance, {"k": "v"})
-    try:
-        sink_a, sink_b = RecordingSink(), RecordingSink()
-        session_a = await first.start(mdns_scope(SENSORS), sink_a)
-        await sink_a.wait_for(named(instance))
-        session_b = await second.start(mdns_scope(SENSORS), sink_b)
-        await sink_b.wait_for(named(instance))
-        assert len(mdns_module._ENGINES) == 1  # one engine behind both providers
-        await session_a.stop()
-        await session_b.stop()
-    finally:
-        await first.aclose()
-        await second.aclose()
-    assert mdns_module._ENGINES == {}
-    # After aclose a new session gets a fresh engine.
-    again = MdnsProvider(interfaces=[LOOPBACK])
-    try:
-        sink = RecordingSink()
-        session = await again.start(mdns_scope(SENSORS), sink)
-        await sink.wait_for(named(instance))
-        await session.stop()
-    finally:
-        await again.aclose()
-
-
-@pytest.mark.asyncio
 async def test_aclose_stops_open_sessions(responder: Responder) -> None:
-    provider = MdnsProvider(interfaces=[LOOPBACK])
+    mdns = provider()
     sink = RecordingSink()
-    await provider.start(mdns_scope(SENSORS), sink)
-    await provider.aclose()
-    await provider.aclose()
+    await mdns.start(mdns_scope(SENSORS), sink)
+    await mdns.aclose()
+    await mdns.aclose()
     await responder.register(SENSORS, run_instance("after-close"), {"k": "v"})
     await asyncio.sleep(0.3)
     assert sink.observations == []
-    assert pending_resolutions() == []
+    assert zeroconf_tasks() == []

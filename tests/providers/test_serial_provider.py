@@ -6,15 +6,18 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 
 import anyio
 import pytest
 from serial.tools import list_ports
 
+from connector.core.candidates import candidate_content
 from connector.core.observations import Observation, UsbObservation
 from connector.core.scope import DiscoveryScope, ScopeFilter
+from connector.core.snapshot import transport_address
 from connector.errors import ProviderError, StopUnconfirmed
-from providers.serial import PortInfo, SerialProvider, enumeration_pass, port_observation
+from providers.serial import PortInfo, SerialProvider, enumeration_pass, port_observation, stable_links
 
 WORKER = "sensorium-usb-enumeration"
 FTDI, ARDUINO = (0x0403, 0x6001), (0x2341, 0x0043)
@@ -209,21 +212,84 @@ async def test_stop_unconfirmed_while_the_worker_is_stuck_then_confirmed_on_retr
 
 
 @pytest.mark.asyncio
-async def test_enumeration_failure_reaches_the_sink_without_driver_text() -> None:
+async def test_three_failed_passes_in_a_row_reach_the_sink_without_driver_text() -> None:
     canary = "/dev/ttyUSB7 serial CANARY-5c1f"
+    passes = 0
 
     def broken() -> list[PortInfo]:
-        raise OSError(canary)
+        nonlocal passes
+        passes += 1
+        raise TypeError(canary)  # what pyserial raises when idVendor vanished mid-read
 
     sink = Sink()
-    session = await SerialProvider(enumerate_ports=broken).start(usb_scope(), sink)
+    session = await SerialProvider(poll_interval_s=0.05, enumerate_ports=broken).start(usb_scope(), sink)
     await wait_until(lambda: bool(sink.failures))
+    await anyio.sleep(0.2)
     await session.stop()
+    assert passes == 3  # the worker ended with the third failure
     [failure] = sink.failures
     assert type(failure) is ProviderError
     assert failure.code == "provider-failure"
     assert "CANARY" not in str(failure) and failure.__cause__ is None and failure.__context__ is None
     assert sink.observations == []
+
+
+@pytest.mark.asyncio
+async def test_a_failed_pass_is_skipped_neither_refreshing_nor_dropping_a_device() -> None:
+    script: list[list[PortInfo] | None] = [[USB0], None, None, [USB0], None, [USB0], [USB0]]
+    outcomes: list[str] = []
+
+    def flaky() -> list[PortInfo]:
+        step = script.pop(0) if script else [USB0]
+        outcomes.append("failed" if step is None else "ok")
+        if step is None:
+            raise TypeError("int() can't convert non-string with explicit base")
+        return step
+
+    sink = Sink()
+    session = await SerialProvider(poll_interval_s=0.05, enumerate_ports=flaky).start(usb_scope(), sink)
+    await wait_until(lambda: len(outcomes) >= 8)
+    await session.stop()
+    assert sink.failures == []
+    assert {o.event for o in sink.observations} == {"add"}  # never removed by a failed pass
+    # One add per successful pass (the last may race the stop), none for a failed one.
+    assert outcomes.count("ok") - 1 <= len(sink.observations) <= outcomes.count("ok")
+
+
+def test_a_port_carries_its_by_id_link_as_its_stable_path(tmp_path: Path) -> None:
+    by_id = tmp_path / "by-id"
+    by_id.mkdir()
+    node = tmp_path / "ttyUSB0"
+    node.touch()
+    (by_id / "usb-FTDI_FT232R_USB_UART_A50285BI-if00-port0").symlink_to(node)
+    (by_id / "zz-second-link").symlink_to(node)
+    links = stable_links(str(by_id))
+    observation = port_observation(Port(str(node), *FTDI, serial_number="A50285BI"), links)
+    assert observation is not None
+    assert observation.stable_path == str(by_id / "usb-FTDI_FT232R_USB_UART_A50285BI-if00-port0")
+    assert transport_address(observation) == observation.stable_path
+    assert stable_links(str(tmp_path / "missing")) == {}
+    plain = port_observation(Port("/dev/ttyUSB9", *FTDI), links)
+    assert plain is not None and plain.stable_path is None
+    assert transport_address(plain) == "/dev/ttyUSB9"
+
+
+@pytest.mark.parametrize(
+    ("interface", "location", "expected"),
+    [
+        ("FT232R USB UART", "1-2", "FT232R USB UART"),  # single interface with its own string
+        (None, "1-2", None),  # single interface, no string: nothing to tell apart
+        (None, "1-4:1.1", "interface 1"),  # FT2232 port B: pyserial's interface-level location
+        (None, "1-3.4:1.0", "interface 0"),  # CDC-ACM behind a hub
+        ("x" * 80, "1-4:1.0", "x" * 64),
+    ],
+)
+def test_usb_interface_is_the_string_else_the_interface_number_of_a_multi_interface_device(
+    interface: str | None, location: str, expected: str | None
+) -> None:
+    observation = port_observation(Port("/dev/ttyUSB0", *FTDI, interface=interface, location=location))
+    assert observation is not None
+    assert candidate_content(observation)["usb"].get("interface") == expected
 
 
 @pytest.mark.asyncio

@@ -155,7 +155,7 @@ def test_a_scan_without_json_prints_a_table_and_a_summary() -> None:
                 "--mdns-interfaces",
                 "not-an-ip",
             ],
-            "IPv4",
+            "expects IP addresses separated by commas, or all",
         ),
     ],
 )
