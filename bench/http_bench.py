@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import importlib.util
 import json
 import os
 import platform
@@ -223,6 +224,8 @@ async def main(args: argparse.Namespace) -> int:
             "--replay",
             f"ble={fixture}",
         ]
+        if args.retained:
+            argv += _short_retention_catalog(base, args.result_retention)
         print("serve:  ", shlex.join(argv))
         process, url = await start_serve(argv, base / "serve.log")
         try:
@@ -251,6 +254,8 @@ async def run_all(
         answer = await client.post("/v1/directives", json=scan(1, NOTHING), headers=headers)
         return answer.status_code == 202
 
+    if args.retained:
+        await prefill(url, tokens, args)
     noop = await run_phase("healthz", healthz, warmup=args.warmup, **bounds)
     admitted = await run_phase("admit", admit, warmup=args.warmup, **bounds)
     await asyncio.sleep(2.5)  # let the admitted 1 s scans end before the next phase
@@ -270,6 +275,42 @@ async def run_all(
     )
     wake = await measure_wake(url, location, auth, args.wake_samples)
     return [noop, admitted, polled], wake
+
+
+def _short_retention_catalog(base: Path, retention: int) -> list[str]:
+    """`--catalog`/`--trust` of the shipped catalog with a short result retention (bench/soak.py's)."""
+    spec = importlib.util.spec_from_file_location("bench_soak", ROOT / "bench" / "soak.py")
+    assert spec is not None and spec.loader is not None
+    soak = importlib.util.module_from_spec(spec)
+    sys.modules["bench_soak"] = soak  # dataclasses look their module up there
+    spec.loader.exec_module(soak)
+    catalog, trust = soak.signed_catalog(base / "catalog", retention)
+    return ["--catalog", str(catalog), "--trust", str(trust)]
+
+
+async def prefill(url: str, tokens: list[str], args: argparse.Namespace) -> None:
+    """Admit `--retained` 1 s scans first (unmeasured); wait until their results were erased."""
+    started = time.monotonic()
+    issued = 0
+    limits = httpx.Limits(
+        max_connections=args.workers, max_keepalive_connections=args.workers, keepalive_expiry=2.0
+    )
+    async with httpx.AsyncClient(base_url=url, limits=limits, timeout=60.0) as client:
+
+        async def worker() -> None:
+            nonlocal issued
+            while issued < args.retained:
+                number = issued
+                issued += 1
+                headers = {"Authorization": f"Bearer {tokens[number % len(tokens)]}"}
+                while (
+                    await client.post("/v1/directives", json=scan(1, NOTHING), headers=headers)
+                ).status_code == 429:
+                    await asyncio.sleep(0.2)
+
+        await asyncio.gather(*(worker() for _ in range(args.workers)))
+    await asyncio.sleep(args.result_retention + 3)
+    print(f"prefill: {args.retained} operations admitted and ended in {time.monotonic() - started:.0f} s")
 
 
 def report(args: argparse.Namespace, phases: list[Phase], wake: list[float]) -> None:
@@ -321,6 +362,12 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=200)
     parser.add_argument("--principals", type=int, default=64, help="callers the admissions rotate through")
     parser.add_argument("--wake-samples", type=int, default=10)
+    parser.add_argument(
+        "--retained", type=int, default=0, help="operations admitted (and ended) before the measured phases"
+    )
+    parser.add_argument(
+        "--result-retention", type=int, default=3, help="with --retained: the catalog's result retention"
+    )
     return parser.parse_args()
 
 

@@ -84,8 +84,8 @@ REVOKE = Route(
 )
 
 
-async def _json(request: Request) -> Any:
-    return parse_json_body(await request.body())
+async def _json(request: Request, *, directive: bool) -> Any:
+    return parse_json_body(await request.body(), directive=directive)
 
 
 def connector_router(service: ConnectorService) -> APIRouter:
@@ -95,7 +95,9 @@ def connector_router(service: ConnectorService) -> APIRouter:
     @router.post("/v1/directives", **declare(INVOKE))
     async def invoke(request: Request) -> Response:
         """sensorium.directive.invoke: 200 sync result or 202 deferred handle."""
-        return await _with_body(service, request, lambda body: service.invoke(bearer_token(request), body))
+        return await _with_body(
+            service, request, lambda body: service.invoke(bearer_token(request), body), directive=True
+        )
 
     @router.get("/v1/operations/{operation_id}", **declare(STATUS))
     async def status(
@@ -159,12 +161,16 @@ def connector_router(service: ConnectorService) -> APIRouter:
 
 
 async def _with_body(
-    service: ConnectorService, request: Request, call: Callable[[Any], Awaitable[Reply]]
+    service: ConnectorService,
+    request: Request,
+    call: Callable[[Any], Awaitable[Reply]],
+    *,
+    directive: bool = False,
 ) -> Response:
     """Authenticate (SPEC 2 step 1 comes first), parse the JSON body (400 `invalid-json`), then call."""
     try:
         service.authenticate(bearer_token(request))
-        body = await _json(request)
+        body = await _json(request, directive=directive)
     except SensoriumError as error:
         return to_response(error_reply(error))
     return to_response(await call(body))

@@ -14,13 +14,14 @@ from starlette.responses import Response
 from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from connector.contract import strict_json
 from connector.errors import SensoriumError
 from connector.service.replies import Reply, error_reply
 
 _log = logging.getLogger("sensorium.api")
 
 DEFAULT_MAX_BODY_BYTES = 65536
-MAX_JSON_DEPTH = 64
+MAX_JSON_DEPTH = strict_json.MAX_DEPTH
 _CODE_BY_STATUS = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large", 400: "invalid-json"}
 
 
@@ -166,37 +167,9 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
-def parse_json_body(raw: bytes) -> Any:
-    """The request body as JSON; `invalid-json` (400) when it is not (no echo of the bytes).
-
-    Nesting deeper than `MAX_JSON_DEPTH` is refused too: no document here needs it, and deeper values
-    would exhaust the stack of the validators and of canonicalisation further in.
-    """
-    try:
-        value = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-    except (UnicodeDecodeError, ValueError, RecursionError):
-        raise SensoriumError("the body is not JSON", code="invalid-json") from None
-    if _depth_exceeds(value, MAX_JSON_DEPTH):
-        raise SensoriumError("the body nests too deeply", code="invalid-json")
-    return value
-
-
-def _depth_exceeds(value: Any, limit: int) -> bool:
-    """True when arrays and objects nest deeper than `limit` (iterative: no recursion)."""
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        item, depth = stack.pop()
-        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
-        if children is None:
-            continue
-        if depth > limit:
-            return True
-        stack.extend((child, depth + 1) for child in children)
-    return False
-
-
-def _refuse_constant(_: str) -> Any:
-    raise ValueError("non-finite number")
+def parse_json_body(raw: bytes, *, directive: bool = False) -> Any:
+    """The request body as strict JSON (`connector.contract.strict_json`): 400 `invalid-json` or 422."""
+    return strict_json.loads(raw, directive_at=() if directive else None)
 
 
 def bearer_token(request: Request) -> str | None:

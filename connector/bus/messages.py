@@ -21,6 +21,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, Final, Protocol
 from urllib.parse import urlsplit
 
+from connector.contract import strict_json
 from connector.core.lifecycle import (
     BUS_TERMINAL_STATES,
     INTERRUPTED_BY_RESTART,
@@ -144,8 +145,8 @@ def is_valid_op(value: Any) -> bool:
 def peek_op(data: bytes) -> str | None:
     """The request's `op` when it is well-formed, for echoing in any answer; never raises."""
     try:
-        body = json.loads(data) if len(data) <= MAX_REQUEST_BYTES else None
-    except ValueError:
+        body = strict_json.loads(data, directive_at=None) if len(data) <= MAX_REQUEST_BYTES else None
+    except SensoriumError:
         return None
     op = body.get("op") if isinstance(body, dict) else None
     return op if is_valid_op(op) else None
@@ -157,13 +158,10 @@ def _invalid(path: str, rule: str) -> SensoriumError:
 
 
 def _decode(data: bytes, allowed: frozenset[str]) -> dict[str, Any]:
-    """A closed JSON object of at most `MAX_REQUEST_BYTES`."""
+    """A closed, strict JSON object of at most `MAX_REQUEST_BYTES` (SPEC 1: `invalid-json` or 422)."""
     if len(data) > MAX_REQUEST_BYTES:
         raise SensoriumError("the Bus request is too large", code="body-too-large")
-    try:
-        body = json.loads(data)
-    except ValueError:
-        raise SensoriumError("the Bus request is not JSON", code="invalid-json") from None
+    body = strict_json.loads(data, directive_at=("directive",) if "directive" in allowed else None)
     if not isinstance(body, dict):
         raise _invalid("/", "object-required")
     if set(body) - allowed:

@@ -9,7 +9,7 @@ from typing import Any, NoReturn
 
 from connector.catalog.keys import load_trusted_keys
 from connector.catalog.signing import MALFORMED, VerifiedCatalog, verify_catalog
-from connector.catalog.state import highest_accepted_version, record_accepted_version
+from connector.catalog.state import highest_recorded_version, record_accepted_version
 from connector.errors import CatalogError
 
 SIGNATURE_SUFFIX = ".sig"
@@ -32,7 +32,7 @@ def load_verified_catalog(
     catalog_doc = read_json_document(catalog_path, missing_code=MISSING)
     signature_doc = read_json_document(signature_path_for(catalog_path), missing_code=UNSIGNED)
     trusted_keys = load_trusted_keys(trust_dir)
-    floor = _rollback_floor(data_dir, _claimed_id(catalog_doc))
+    floor = None if data_dir is None else highest_recorded_version(data_dir)
     verified = verify_catalog(
         catalog_doc, signature_doc, trusted_keys, now=now, highest_accepted_version=floor
     )
@@ -71,15 +71,3 @@ def _no_constant(_: str) -> NoReturn:
     """NaN and Infinity are not JSON."""
     raise ValueError("non-standard constant")
 
-
-def _rollback_floor(data_dir: Path | None, catalog_id: str | None) -> int | None:
-    """The highest accepted version recorded for this catalog id, if there is a data dir."""
-    if data_dir is None or catalog_id is None:
-        return None
-    return highest_accepted_version(data_dir, catalog_id)
-
-
-def _claimed_id(catalog_doc: Any) -> str | None:
-    """The `catalog/id` the document claims, before verification, to look up its rollback floor."""
-    claimed = catalog_doc.get("catalog/id") if isinstance(catalog_doc, dict) else None
-    return claimed if isinstance(claimed, str) else None

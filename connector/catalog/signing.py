@@ -43,6 +43,7 @@ BAD_SIGNATURE = "catalog-bad-signature"
 EXPIRED = "catalog-expired"
 NOT_YET_VALID = "catalog-not-yet-valid"
 ROLLBACK = "catalog-rollback"
+INVALID = "catalog-invalid"
 
 _MODELS: tuple[type[BaseModel], ...] = (
     ActionCatalog,
@@ -135,6 +136,7 @@ def verify_catalog(
     _check_signature(public_key, signature, catalog_doc)
     _check_validity_window(catalog, now)
     _check_version(catalog, highest_accepted_version)
+    _check_spec_rules(catalog)
     return VerifiedCatalog(
         catalog_id=catalog.catalog_id,
         version=catalog.catalog_version,
@@ -186,6 +188,19 @@ def _check_version(catalog: ActionCatalog, highest_accepted_version: int | None)
         raise CatalogError(
             "catalog/version is lower than the highest version already accepted", code=ROLLBACK
         )
+
+
+def _check_spec_rules(catalog: ActionCatalog) -> None:
+    """SPEC 6.1: a discovery action is `async-only` (a sync scan would need a deferred handle)."""
+    for index, action in enumerate(catalog.actions):
+        if action.action_class == "discovery" and action.execution_mode_support != "async-only":
+            raise CatalogError(
+                "a discovery action must be async-only",
+                code=INVALID,
+                diagnostics=[
+                    {"code": INVALID, "message": f"/actions/{index}/execution_mode_support: async-only"}
+                ],
+            )
 
 
 def _canonical(catalog_doc: object) -> bytes:

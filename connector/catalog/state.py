@@ -1,5 +1,7 @@
 """The rollback floor: `<data-dir>/catalog-state.json` keeps the highest accepted version per `catalog/id`.
 
+The floor itself is global (SPEC 12: "the highest recorded"): a catalog is refused when its version is
+lower than the highest version recorded for ANY catalog id, so that a fresh id cannot reset the floor.
 A state file that cannot be read as such refuses every catalog (`catalog-state-invalid`) rather than
 silently forgetting the floor.
 """
@@ -16,6 +18,7 @@ from pathlib import Path
 from types import MappingProxyType
 
 from connector.errors import CatalogError
+from connector.storage.files import make_private_dir
 
 STATE_FILE = "catalog-state.json"
 LOCK_FILE = "catalog-state.lock"
@@ -40,9 +43,14 @@ def highest_accepted_version(data_dir: Path, catalog_id: str) -> int | None:
     return read_accepted_versions(data_dir).get(catalog_id)
 
 
+def highest_recorded_version(data_dir: Path) -> int | None:
+    """The rollback floor: the highest version recorded for any catalog id, if any."""
+    return max(read_accepted_versions(data_dir).values(), default=None)
+
+
 def record_accepted_version(data_dir: Path, catalog_id: str, version: int) -> int:
     """Raise the floor of `catalog_id` to `version` (never lower it); answer the floor now recorded."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(data_dir)
     with _locked(data_dir):
         versions = dict(read_accepted_versions(data_dir))
         floor = max(version, versions.get(catalog_id, version))

@@ -23,6 +23,7 @@ from connector.errors import CatalogError
 from connector.host.routes import host_router
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from connector.service.operations import LiveConnectorOperations
+from connector.storage.files import make_private_dir
 from connector.telemetry.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
 from providers.replay import FixtureError, load_fixture
 from providers.simulated import parse_simulate
@@ -197,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
-    config.data_dir.mkdir(parents=True, exist_ok=True)
+    make_private_dir(config.data_dir)
     async with assemble(config, routers=extra_routers) as assembled:
         host, port = listener.getsockname()[:2]
         # log_config=None: uvicorn's own records go through our handler (text or JSON Lines) like every other.

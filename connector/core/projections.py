@@ -197,3 +197,46 @@ def durable_metadata(view: SessionView) -> dict[str, Any]:
     if view.erased_at_ms is not None:
         metadata["erased_at"] = format_ms(view.erased_at_ms)
     return metadata
+
+
+def status_from_durable(
+    metadata: Mapping[str, Any], *, final_revision: int, causal_context: Mapping[str, Any] | None
+) -> dict[str, Any]:
+    """The v2 status of a scan the runtime no longer holds, from its durable record (never candidates).
+
+    Equal to what `caller_status_v2` answered once the result was erased (or, after a restart, to the
+    interrupted end): the session leaves memory then and this answers until metadata retention ends.
+    """
+    state = metadata["status"]
+    status: dict[str, Any] = {
+        "schema": STATUS_SCHEMA,
+        "schema/v": 2,
+        "operation/id": metadata["operation/id"],
+        "operation/kind": metadata["operation/kind"],
+        "status": state,
+        "updated_at": metadata["updated_at"],
+        "diagnostics": [],
+    }
+    if "expires_at" in metadata:
+        status["expires_at"] = metadata["expires_at"]
+    if state == "completed":
+        reason = metadata.get("reason") or COMPLETE_REASON
+        status["result"] = {
+            "schema": RESULT_SCHEMA,
+            "reason": reason,
+            "partial": reason != COMPLETE_REASON,
+            "final_revision": final_revision,
+            "candidates": [],
+        }
+        if "erased_at" in metadata:
+            status["result"]["erased_at"] = metadata["erased_at"]
+    if state in ERROR_STATUSES:
+        code = metadata.get("error_code") or DEFAULT_ERROR_CODE[state]
+        message = ERROR_MESSAGES.get(code, "the operation did not complete")
+        status["error"] = {"code": code, "message": message}
+    if "cancellation" in metadata:
+        status["cancellation"] = dict(metadata["cancellation"])
+    status["cleanup"] = dict(metadata["cleanup"])
+    if causal_context is not None:
+        status["causal/context"] = dict(causal_context)
+    return status

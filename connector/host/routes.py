@@ -67,11 +67,13 @@ def host_router(host: HostService) -> APIRouter:
     @router.post("/v1/host/directives", **declare(ADMIT))
     async def admit(request: Request) -> Response:
         """Host admission: 202 `deferred-operation.v1` (Location, Retry-After) or the sync result."""
+        token = bearer_token(request)
         try:
-            body = parse_json_body(await request.body())
+            host.port.authenticate(token)  # SPEC 2 step 1 before the body is even parsed
+            body = parse_json_body(await request.body(), directive=True)
         except SensoriumError as error:
             return to_response(error_reply(error))
-        return to_response(await host.admit(bearer_token(request), body))
+        return to_response(await host.admit(token, body))
 
     @router.get("/v1/host/operations/{operation_id}", **declare(STATUS))
     async def status(

@@ -26,10 +26,9 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from connector.contract.validate import validate
 from connector.core import authority
 from connector.core.canonical import canonical_bytes, sha256_hex
-from connector.core.ids import OPERATION_KIND, operation_id
+from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import IllegalTransition, Status, is_terminal
 from connector.core.policy import DeferredHostPolicy
 from connector.errors import SensoriumError
@@ -105,9 +104,9 @@ class HostService:
             principal = self.port.authenticate(token)
         except SensoriumError as error:
             return error_reply(error)
-        finished = await self._finished_repeat(principal, directive, bus_op)
-        if finished is not None:
-            return _handle_reply(finished)
+        # Every repeat goes through the connector's full admission (steps 2-8, issue D6); the connector
+        # answers a keyed repeat of ended or restart-cut work from its durable record and starts nothing,
+        # and `_accept` then answers the host's recorded handle.
         reply = await self.port.admit(principal, directive, op_key=bus_op)
         if reply.status_code != 202 or reply.body is None:
             return reply
@@ -115,30 +114,6 @@ class HostService:
             return await self._accept(principal, directive, reply.body, bus_op)
         except SensoriumError as error:
             return error_reply(error)
-
-    async def _finished_repeat(
-        self, principal: authority.Principal, directive: Any, bus_op: str | None
-    ) -> OperationRecord | None:
-        """A keyed repeat of an operation that already ended: answer its handle, never start it again.
-
-        After a restart the connector has forgotten the work (its candidates are gone by design), so its own
-        idempotency check would start a second, untracked session under the same id.
-        """
-        if not isinstance(directive, dict) or validate("sensorium-directive.v1", directive, via="schema"):
-            return None
-        key = bus_op if bus_op is not None else directive.get("idempotency_key")
-        if not isinstance(key, str):
-            return None
-        op_id = operation_id(
-            OPERATION_KIND,
-            principal_id=principal.principal_id,
-            action_id=directive["action_id"],
-            idempotency_key=key,
-        )
-        existing = await self.registry.get(op_id)
-        if existing is None or not is_terminal(Status(existing.status)) or not existing.handle:
-            return None
-        return existing
 
     async def _accept(
         self,

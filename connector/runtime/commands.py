@@ -11,7 +11,10 @@ Rules of this file:
   line break (so `uname -srm` works); it is bounded (`response-too-large`). stderr is drained and dropped,
   never shown to a caller; a non-zero exit is `failed` with `command-failed`;
 - `timeout_ms` (narrowed by the directive's own) ends the work `timed-out` (`deadline-exceeded`);
-  `expires_at` ends it `expired`; both terminate the process first;
+  `expires_at` ends it `expired`; both terminate the process first; a SYNC call's wait for a worker counts
+  against its `timeout_ms`, and one still queued at its timeout ends `failed` `deadline-exceeded`;
+- workers are shared fairly: while another principal waits, one principal holds at most half of them (at
+  least one); a freed worker goes to the first waiter whose principal is under that share;
 - cancel: queued work is `cancelled` at once; running work with `cancel: terminate` gets SIGTERM, then
   SIGKILL after a bound, and is `cancelled` only once its exit was seen; `cancel: none` is `not-cancelable`;
 - every status change is checked against `connector.core.lifecycle` and persisted before anyone sees it;
@@ -28,6 +31,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime, timedelta
@@ -229,12 +233,81 @@ class _Outcome:
     error_code: str | None = None
 
 
+class FairSlots:
+    """Worker slots; while another principal waits, one principal holds at most half of them (>= 1)."""
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.per_principal = max(1, total // 2)
+        self._busy: Counter[str] = Counter()
+        self._waiting: list[tuple[str, anyio.Event]] = []
+        self._waiting_by: Counter[str] = Counter()
+
+    def busy(self, owner: str) -> int:
+        """Slots `owner` holds now."""
+        return self._busy.get(owner, 0)
+
+    def _may_take(self, owner: str) -> bool:
+        if sum(self._busy.values()) >= self.total:
+            return False
+        others_wait = len(self._waiting) > self._waiting_by[owner]
+        return self._busy[owner] < self.per_principal or not others_wait
+
+    async def acquire(self, owner: str) -> None:
+        """Wait for a slot under the fair share (FIFO among those allowed to take one)."""
+        if not self._waiting and self._may_take(owner):
+            self._busy[owner] += 1
+            return
+        entry = (owner, anyio.Event())
+        self._waiting.append(entry)
+        self._waiting_by[owner] += 1
+        try:
+            self._grant()
+            await entry[1].wait()
+        except BaseException:
+            if entry in self._waiting:
+                self._remove(entry)
+                self._grant()
+            elif entry[1].is_set():
+                self.release(owner)  # granted as we were cancelled: hand it on
+            raise
+
+    def release(self, owner: str) -> None:
+        """Give a slot back and grant it to the first waiter allowed to take it."""
+        self._busy[owner] -= 1
+        if self._busy[owner] <= 0:
+            del self._busy[owner]
+        self._grant()
+
+    def _grant(self) -> None:
+        granted = True
+        while granted:
+            granted = False
+            for entry in self._waiting:
+                if self._may_take(entry[0]):
+                    self._remove(entry)
+                    self._busy[entry[0]] += 1
+                    entry[1].set()
+                    granted = True
+                    break
+
+    def _remove(self, entry: tuple[str, anyio.Event]) -> None:
+        self._waiting.remove(entry)
+        self._waiting_by[entry[0]] -= 1
+        if self._waiting_by[entry[0]] <= 0:
+            del self._waiting_by[entry[0]]
+
+
 class _Job:
     """In-memory control of one live operation (never persisted)."""
 
-    def __init__(self, action: CommandAction, stdin: bytes | None) -> None:
+    def __init__(
+        self, action: CommandAction, stdin: bytes | None, *, budget_ends: float | None = None
+    ) -> None:
         self.action = action
         self.stdin = stdin
+        # A sync call's budget runs from its submission (anyio clock): the queue wait counts against it.
+        self.budget_ends = budget_ends
         self.cancel_requested = False
         self.scope: anyio.CancelScope | None = None
         self.process: Process | None = None
@@ -266,13 +339,19 @@ class CommandRunner:
     ) -> None:
         self._state = state
         self._listener = listener
-        self._limiter = anyio.CapacityLimiter(max_workers)
+        self._slots = FairSlots(max_workers)
         self._max_output_bytes = max_output_bytes
         self._kill_after = kill_after_seconds
         self._clock = clock
         self._jobs: dict[str, _Job] = {}
         self._task_group: TaskGroup | None = None
         self._closing = False
+        self._ended_listeners: list[Callable[[str], None]] = []
+
+    def add_ended_listener(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call `listener(operation_id)` once a submitted operation's work ended; returns an undo."""
+        self._ended_listeners.append(listener)
+        return lambda: self._ended_listeners.remove(listener)
 
     async def __aenter__(self) -> CommandRunner:
         self._task_group = await anyio.create_task_group().__aenter__()
@@ -329,7 +408,8 @@ class CommandRunner:
             causal_context_json=None if causal_context is None else json.dumps(dict(causal_context)),
         )
         budget = action.timeout_ms if timeout_ms is None else min(action.timeout_ms, timeout_ms)
-        job = _Job(replace(action, timeout_ms=budget), stdin)
+        budget_ends = anyio.current_time() + budget / 1000 if mode == "sync" else None
+        job = _Job(replace(action, timeout_ms=budget), stdin, budget_ends=budget_ends)
         if mode == "async" and self._task_group is None:
             raise SensoriumError("the command runner is not started", code="internal")
         await self._state.insert_operation(operation)
@@ -416,25 +496,29 @@ class CommandRunner:
         finally:
             job.done.set()
             self._jobs.pop(operation.operation_id, None)
+            for listener in list(self._ended_listeners):
+                listener(operation.operation_id)
 
     async def _queue_and_run(
         self, operation: CommandOperation, job: _Job
     ) -> tuple[_Outcome, CommandOperation]:
         """Wait for a worker (pending), then run the process (running)."""
         acquired = False
-        with anyio.CancelScope(deadline=self._deadline_of(operation.expires_at)) as queued:
+        expiry = self._deadline_of(operation.expires_at)
+        deadline = expiry if job.budget_ends is None else min(expiry, job.budget_ends)
+        with anyio.CancelScope(deadline=deadline) as queued:
             job.scope = queued
             if job.cancel_requested:
                 queued.cancel()
-            await self._limiter.acquire()
+            await self._slots.acquire(operation.owner)
             acquired = True
         if not acquired:
-            return _Outcome(Status.CANCELLED if job.cancel_requested else Status.EXPIRED), operation
+            return _queued_end(job, expired=anyio.current_time() >= expiry), operation
         try:
             operation = await self._persist(operation, _Outcome(Status.RUNNING), self._clock())
             return await self._run_process(operation, job), operation
         finally:
-            self._limiter.release()
+            self._slots.release(operation.owner)
 
     async def _run_process(self, operation: CommandOperation, job: _Job) -> _Outcome:
         """Spawn the program, collect its output within the deadline, and judge the result."""
@@ -450,9 +534,8 @@ class CommandRunner:
         except OSError:
             return _Outcome(Status.FAILED, error_code=COMMAND_FAILED)
         job.process = process
-        deadline = min(
-            anyio.current_time() + job.action.timeout_ms / 1000, self._deadline_of(operation.expires_at)
-        )
+        budget_ends = job.budget_ends or anyio.current_time() + job.action.timeout_ms / 1000
+        deadline = min(budget_ends, self._deadline_of(operation.expires_at))
         stdout, overflow = b"", False
         with anyio.CancelScope(deadline=deadline) as running:
             job.scope = running
@@ -538,6 +621,15 @@ class CommandRunner:
     def _deadline_of(self, moment: datetime) -> float:
         """An anyio deadline (monotonic seconds) for a wall-clock moment."""
         return anyio.current_time() + max(0.0, (moment - self._clock()).total_seconds())
+
+
+def _queued_end(job: _Job, *, expired: bool) -> _Outcome:
+    """How work that never got a worker ends: cancelled, expired, or (sync) out of its time budget."""
+    if job.cancel_requested:
+        return _Outcome(Status.CANCELLED)
+    if expired:
+        return _Outcome(Status.EXPIRED)
+    return _Outcome(Status.FAILED, error_code=DEADLINE_EXCEEDED)
 
 
 def _ttl_seconds(action: CommandAction) -> int:

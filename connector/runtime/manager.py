@@ -1,19 +1,26 @@
 """The discovery runtime: runs admitted scans as sessions, answers their statuses, cleans up behind them.
 
 `DiscoveryManager` owns one anyio task group (`async with`). Each session gets a runner task; a session
-whose stop was not acknowledged gets a cleanup retry task that keeps the claim until a late acknowledgement,
-whatever happened to its caller; a completed session gets a retention timer that erases its result.
+whose stop was not acknowledged keeps retrying in that task, holding the claim until a late
+acknowledgement, whatever happened to its caller. One retention sweeper (not a task per operation) erases
+completed results after `result_retention_seconds`; with a journal (the connector's durable state) the
+session then leaves memory and its status is answered from the durable record, so the sessions held are
+the live and the recently ended ones only. Every lifecycle change of a session is recorded in the journal
+before anyone is told of it; live sessions are counted per owner as they start and end, never scanned.
 """
 
 from __future__ import annotations
 
+import heapq
+import logging
 import math
 import secrets
 import time
+from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
@@ -30,6 +37,15 @@ from connector.runtime.session import DiscoverySession, SessionHandle, SessionLi
 from providers.base import Provider
 
 DEFAULT_METADATA_RETENTION_SECONDS = 7 * 24 * 3600
+_log = logging.getLogger("sensorium.discovery")
+
+
+class SessionJournal(Protocol):
+    """Where lifecycle changes of sessions go (`connector.storage.state.ConnectorState`): durable metadata."""
+
+    async def update_discovery(
+        self, operation_id: str, metadata: dict[str, Any], *, final_revision: int, ended_at_ms: int | None
+    ) -> None: ...
 
 
 class UnknownOperation(SensoriumError):
@@ -60,6 +76,7 @@ class DiscoveryManager:
         cleanup_retry_max_s: float = 30.0,
         metadata_retention_seconds: int = DEFAULT_METADATA_RETENTION_SECONDS,
         listener: SessionListener | None = None,
+        journal: SessionJournal | None = None,
     ) -> None:
         self._clock = clock
         self._listener = listener
@@ -70,7 +87,15 @@ class DiscoveryManager:
         self._retry_initial_s = cleanup_retry_initial_s
         self._retry_max_s = cleanup_retry_max_s
         self._metadata_retention_s = metadata_retention_seconds
+        self._journal = journal
         self._sessions: dict[str, DiscoverySession] = {}
+        self._live: Counter[str] = Counter()  # owner -> sessions whose runner has not ended
+        self._launched: set[str] = set()
+        self._due: list[tuple[int, int, str]] = []  # (when, tie-break, operation id) for the sweeper
+        self._due_seq = 0
+        self._sweeper_wake = anyio.Event()
+        self._ended_listeners: list[Callable[[str, str], None]] = []
+        self._forget_listeners: list[Callable[[str], None]] = []
         self._stack: AsyncExitStack | None = None
         self._task_group: TaskGroup | None = None
         self._closing = False
@@ -81,6 +106,7 @@ class DiscoveryManager:
         stack = AsyncExitStack()
         self._task_group = await stack.enter_async_context(anyio.create_task_group())
         self._stack = stack
+        self._task_group.start_soon(self._sweep_forever)
         return self
 
     async def __aexit__(
@@ -133,6 +159,42 @@ class DiscoveryManager:
         retry_after_seconds: int = 1,
     ) -> SessionHandle:
         """Take the claim (or refuse before any provider call) and start the session's runner."""
+        handle = await self.prepare_scan(
+            operation_id=operation_id,
+            owner=owner,
+            action_id=action_id,
+            scope=scope,
+            profile=profile,
+            provider=provider,
+            now_ms=now_ms,
+            window_end_ms=window_end_ms,
+            cut_by_deadline=cut_by_deadline,
+            timeout_ms=timeout_ms,
+            expires_at_ms=expires_at_ms,
+            causal_context=causal_context,
+            retry_after_seconds=retry_after_seconds,
+        )
+        self.launch(operation_id)
+        return handle
+
+    async def prepare_scan(
+        self,
+        *,
+        operation_id: str,
+        owner: str,
+        action_id: str,
+        scope: DiscoveryScope,
+        profile: DiscoveryProfile,
+        provider: Provider,
+        now_ms: int,
+        window_end_ms: int,
+        cut_by_deadline: bool,
+        timeout_ms: int | None,
+        expires_at_ms: int | None,
+        causal_context: Mapping[str, Any] | None,
+        retry_after_seconds: int = 1,
+    ) -> SessionHandle:
+        """Take the claim (or refuse) and register the session, pending; `launch` starts its runner."""
         existing = self._sessions.get(operation_id)
         if existing is not None:
             return SessionHandle(existing)
@@ -141,7 +203,7 @@ class DiscoveryManager:
         existing = self._sessions.get(operation_id)
         if existing is not None:  # the same operation was started while the adapter was being resolved
             return SessionHandle(existing)
-        task_group = self._require_open()
+        self._require_open()
         claim = self.claims.acquire(
             claim_key(scope.transport, adapter),
             operation_id=operation_id,
@@ -168,10 +230,45 @@ class DiscoveryManager:
             spec, provider=provider, table=table, claim=claim, clock=self._clock, listener=self._listener
         )
         self._sessions[operation_id] = session
+        self._live[owner] += 1
         if self._listener is not None:
             self._listener("admitted", session)
-        task_group.start_soon(self._run, session)
         return SessionHandle(session)
+
+    def launch(self, operation_id: str) -> None:
+        """Start the runner of a prepared session (once its record is durable)."""
+        if operation_id in self._launched:
+            return
+        task_group = self._require_open()
+        self._launched.add(operation_id)
+        task_group.start_soon(self._run, self._get(operation_id))
+
+    def abandon(self, operation_id: str) -> None:
+        """Undo a prepared session that was never launched (its admission failed): claim and count go."""
+        session = self._sessions.get(operation_id)
+        if session is None or operation_id in self._launched:
+            return
+        del self._sessions[operation_id]
+        self.claims.release(session.claim)
+        self._end_live(session)
+
+    def add_ended_listener(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
+        """Call `listener(operation_id, owner)` when a session's runner ended (terminal); returns an undo."""
+        self._ended_listeners.append(listener)
+        return lambda: self._ended_listeners.remove(listener)
+
+    def add_forget_listener(self, listener: Callable[[str], None]) -> Callable[[], None]:
+        """Call `listener(operation_id)` when a session leaves memory; returns an undo."""
+        self._forget_listeners.append(listener)
+        return lambda: self._forget_listeners.remove(listener)
+
+    def _end_live(self, session: DiscoverySession) -> None:
+        owner = session.spec.owner
+        self._live[owner] -= 1
+        if self._live[owner] <= 0:
+            del self._live[owner]
+        for listener in list(self._ended_listeners):
+            listener(session.spec.operation_id, owner)
 
     def _require_open(self) -> TaskGroup:
         if self._task_group is None or self._closing:
@@ -180,13 +277,19 @@ class DiscoveryManager:
 
     async def _run(self, session: DiscoverySession) -> None:
         """Runner, then whatever the terminal status needs in the background."""
-        await session.run()
+        try:
+            await session.run()
+        finally:
+            self._end_live(session)
         if session.cleanup_uncertain:
             self.claims.postpone(session.claim, self._clock() + int(self._retry_max_s * 1000))
-            await self._retry_cleanup(session)
         else:
             self.claims.release(session.claim)
-        await self._retain(session)
+        await self._record(session)
+        if session.cleanup_uncertain:
+            await self._retry_cleanup(session)
+        retention_ms = session.spec.profile.result_retention_seconds * 1000
+        self._schedule(session, self._terminal_ms(session) + retention_ms)
 
     async def _retry_cleanup(self, session: DiscoverySession) -> None:
         """Retry the stop with bounded backoff until acknowledged; only then release the claim."""
@@ -200,27 +303,69 @@ class DiscoveryManager:
                 if result is not StopResult.UNCERTAIN:
                     self.claims.release(session.claim)
                     session.cleanup_confirmed_late(result)
+                    await self._record(session)
                     return
                 delay = min(delay * 2, self._retry_max_s)
         finally:
             self._next_retry_ms.pop(op_id, None)
 
-    async def _retain(self, session: DiscoverySession) -> None:
-        """Erase a completed result after its retention; forget the operation after metadata retention."""
-        if session.status is Status.COMPLETED:
-            await self._sleep_until(
-                self._terminal_ms(session) + session.spec.profile.result_retention_seconds * 1000
-            )
+    async def _record(self, session: DiscoverySession) -> None:
+        """Write the session's durable metadata to the journal (shielded: a shutdown still records it)."""
+        if self._journal is None:
+            return
+        view = session.view()
+        try:
+            with anyio.CancelScope(shield=True):
+                await self._journal.update_discovery(
+                    session.spec.operation_id,
+                    durable_metadata(view),
+                    final_revision=view.final_revision,
+                    ended_at_ms=session.terminal_at_ms,
+                )
+        except Exception as error:  # the type only: the journal must not take the runtime down
+            _log.error("recording a discovery operation failed with %s", type(error).__name__)
+
+    def _schedule(self, session: DiscoverySession, at_ms: int) -> None:
+        """Hand a session to the retention sweeper."""
+        self._due_seq += 1
+        heapq.heappush(self._due, (at_ms, self._due_seq, session.spec.operation_id))
+        if self._due[0][2] == session.spec.operation_id:
+            self._sweeper_wake.set()
+
+    async def _sweep_forever(self) -> None:
+        """The one retention task: erase results that are due, forget sessions that are due."""
+        while True:
+            now = self._clock()
+            while self._due and self._due[0][0] <= now:
+                _, _, operation_id = heapq.heappop(self._due)
+                await self._retention_due(operation_id, now)
+            self._sweeper_wake = anyio.Event()
+            wait_s = math.inf if not self._due else max(0.0, (self._due[0][0] - now) / 1000.0)
+            with anyio.move_on_after(wait_s):
+                await self._sweeper_wake.wait()
+
+    async def _retention_due(self, operation_id: str, now_ms: int) -> None:
+        """Result retention ended: erase; then forget at once (journal) or at metadata retention."""
+        session = self._sessions.get(operation_id)
+        if session is None:
+            return
+        if session.erased_at_ms is None and session.status is Status.COMPLETED:
             session.erase_result()
-        await self._sleep_until(self._terminal_ms(session) + self._metadata_retention_s * 1000)
-        self._sessions.pop(session.spec.operation_id, None)
+            await self._record(session)
+        forget_at = self._terminal_ms(session) + self._metadata_retention_s * 1000
+        if self._journal is None and forget_at > now_ms:
+            self._schedule(session, forget_at)
+            return
+        self._forget(operation_id)
+
+    def _forget(self, operation_id: str) -> None:
+        self._sessions.pop(operation_id, None)
+        self._launched.discard(operation_id)
+        for listener in list(self._forget_listeners):
+            listener(operation_id)
 
     def _terminal_ms(self, session: DiscoverySession) -> int:
         return session.terminal_at_ms if session.terminal_at_ms is not None else self._clock()
-
-    async def _sleep_until(self, at_ms: int) -> None:
-        while (remaining := at_ms - self._clock()) > 0:
-            await anyio.sleep(remaining / 1000.0)
 
     # ---- reading -------------------------------------------------------------------------------------------
 
@@ -234,8 +379,13 @@ class DiscoveryManager:
         """A read-only handle on a known operation."""
         return SessionHandle(self._get(operation_id))
 
+    def find(self, operation_id: str) -> SessionHandle | None:
+        """A read-only handle on an operation held in memory, else None."""
+        session = self._sessions.get(operation_id)
+        return None if session is None else SessionHandle(session)
+
     def operation_ids(self) -> Iterator[str]:
-        """Every operation this runtime still retains."""
+        """Every operation this runtime still holds in memory."""
         return iter(list(self._sessions))
 
     def sessions(self) -> list[SessionHandle]:
@@ -247,12 +397,12 @@ class DiscoveryManager:
         return self._next_retry_ms.get(operation_id)
 
     def active_count(self) -> int:
-        """How many sessions are not terminal yet (for metrics)."""
-        return sum(1 for s in self._sessions.values() if not s.is_terminal)
+        """How many sessions have not ended yet (for metrics); kept as they start and end."""
+        return sum(self._live.values())
 
     def active_operations(self, owner: str) -> int:
-        """How many non-terminal operations `owner` has (for the per-principal limit)."""
-        return sum(1 for s in self._sessions.values() if s.spec.owner == owner and not s.is_terminal)
+        """How many sessions of `owner` have not ended yet; kept as they start and end."""
+        return self._live.get(owner, 0)
 
     def status(self, operation_id: str) -> dict[str, Any]:
         """The caller-private v2 status; every candidate it carries counts as disclosed."""

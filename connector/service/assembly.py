@@ -17,6 +17,7 @@ from connector.api.app import Readiness, create_app
 from connector.bus.adapter import BusAdapter, BusSettings
 from connector.catalog.loader import load_verified_catalog
 from connector.catalog.signing import VerifiedCatalog
+from connector.core.candidates import format_ms
 from connector.core.observations import Transport
 from connector.core.policy import DeferredHostPolicy
 from connector.core.scope import DiscoveryScope
@@ -26,7 +27,7 @@ from connector.host.poller import Poller
 from connector.host.service import HostService
 from connector.runtime.commands import CommandRunner
 from connector.runtime.manager import DiscoveryManager
-from connector.service.connector import ConnectorService, wall_clock
+from connector.service.connector import ConnectorService, to_ms, wall_clock
 from connector.storage.principals import PrincipalDirectory
 from connector.storage.registry import DeferredRegistry
 from connector.storage.state import ConnectorState
@@ -153,8 +154,15 @@ async def assemble(
         interrupted = await commands.recover(clock())
         if interrupted:
             _log.info("marked %d interrupted command operations", len(interrupted))
+        marked = await state.interrupt_discoveries(to_ms(clock()), format_ms(to_ms(clock())))
+        if marked:
+            _log.info("marked %d discovery operations ended by the restart", marked)
         discovery = await stack.enter_async_context(
-            DiscoveryManager(listener=lambda event, session: telemetry.emit(session_event(event, session)))
+            DiscoveryManager(
+                journal=state,
+                metadata_retention_seconds=config.host_retention_seconds,
+                listener=lambda event, session: telemetry.emit(session_event(event, session)),
+            )
         )
         service = ConnectorService(
             catalog=catalog,
@@ -170,6 +178,7 @@ async def assemble(
         watchers = await stack.enter_async_context(anyio.create_task_group())
         stack.callback(watchers.cancel_scope.cancel)  # runs first on exit, then the group is awaited
         watchers.start_soon(service.watch_principals)
+        watchers.start_soon(service.sweep_metadata, config.host_retention_seconds)
         registry = await stack.enter_async_context(await DeferredRegistry.open(config.data_dir))
         host = _open_host(config, service, registry, metrics, clock)
         stack.callback(host.close)

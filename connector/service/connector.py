@@ -7,7 +7,8 @@ principal's current grant; an operation that is not the principal's answers `unk
 from __future__ import annotations
 
 import secrets
-from collections.abc import Callable, Mapping, MutableMapping
+from collections import Counter
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -28,22 +29,21 @@ from connector.core.admission import (
 from connector.core.ids import OPERATION_KIND, opaque_id, operation_id, random_operation_id
 from connector.core.lifecycle import Status, is_terminal
 from connector.core.policy import DeferredHostPolicy, discovery_window_end
+from connector.core.projections import status_from_durable
 from connector.core.scope import DiscoveryScope, parse_discovery_input
 from connector.errors import AdmissionError, SensoriumError
 from connector.runtime.commands import CommandAction, CommandRunner, check_command_input
 from connector.runtime.manager import DiscoveryManager, UnknownOperation
 from connector.service.replies import Reply, error_reply, unknown_operation
 from connector.storage.principals import PrincipalDirectory
-from connector.storage.state import Binding, CommandOperation, ConnectorState
+from connector.storage.state import Binding, CommandOperation, ConnectorState, DiscoveryRecord
 from providers.base import Provider
 
 ProviderFactory = Callable[[str, str | None], Provider]
 BIND_RETRY_AFTER_SECONDS = 1
 MAX_WAIT_SECONDS = 30
 PRINCIPALS_WATCH_INTERVAL_SECONDS = 1.0
-# In-memory books of forgotten operations are swept once they grow past this (amortised, doubling).
-_SWEEP_MIN = 256
-_LIVE_STATUSES = (Status.PENDING.value, Status.RUNNING.value)
+METADATA_SWEEP_SECONDS = 600.0
 
 
 def wall_clock() -> datetime:
@@ -63,10 +63,17 @@ def parse_time(text: str) -> datetime:
 
 @dataclass(slots=True)
 class _Admitted:
-    """A keyed discovery admission kept in memory for idempotent repeats (fingerprint never stored)."""
+    """A keyed discovery admission kept in memory for idempotent repeats (fingerprint never stored).
+
+    Kept while the runtime holds the session; `recorded` is set once the durable record was written (or
+    the admission failed, `failed`), so that a concurrent repeat never answers before the first does.
+    """
 
     fingerprint: bytes
     reply: Reply
+    recorded: anyio.Event = field(default_factory=anyio.Event)
+    failed: bool = False
+    refusal: SensoriumError | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +104,7 @@ class OperationRef:
     owner: str
     action_id: str
     transport: str | None
+    record: DiscoveryRecord | None = None  # a scan the runtime no longer holds: its durable record
 
 
 class ConnectorService:
@@ -124,16 +132,21 @@ class ConnectorService:
         self.policy = policy or DeferredHostPolicy()
         self._clock = clock
         self._entropy = entropy
-        # Steps 8 and 9 are decided under one lock: a repeated key joins, concurrent admissions count.
+        # A command's step 8 (stored row, or a reservation) is decided under one lock.
         self._admission = anyio.Lock()
         self._starting: dict[str, anyio.Event] = {}
-        self._maybe_live: dict[str, set[str]] = {}
+        # Step 9's ledger: every admitted operation that has not ended, kept (never scanned). Counting and
+        # reserving are one synchronous step, so concurrent admissions can never overrun the limit.
+        self._live_owner: dict[str, str] = {}
+        self._live_count: Counter[str] = Counter()
         self._admitted: dict[str, _Admitted] = {}
         self._selections: dict[str, set[str]] = {}
         self._bindings: dict[str, _Bindings] = {}
         self._bound_keys: dict[str, tuple[str, str]] = {}
-        self._sweep_at = _SWEEP_MIN
         self._undo_revoked = principals.on_revoked(self._on_revoked)
+        discovery.add_ended_listener(lambda op_id, _owner: self._end_live(op_id))
+        discovery.add_forget_listener(self._forget_books)
+        commands.add_ended_listener(self._end_live)
 
     # ---- authority -----------------------------------------------------------------------------------------
 
@@ -162,6 +175,17 @@ class ConnectorService:
                     self._selections.pop(op_id, None)
                     self._drop_binding_book(op_id)
 
+    async def sweep_metadata(
+        self, retention_seconds: int, interval_s: float = METADATA_SWEEP_SECONDS
+    ) -> None:
+        """Metadata retention of the connector's own records (SPEC 6.8: 7 days, then `unknown`)."""
+        while True:
+            now = self._clock()
+            cutoff = now - timedelta(seconds=retention_seconds)
+            await self.state.delete_discoveries_ended_before(to_ms(cutoff))
+            await self.commands.purge(now, timedelta(seconds=retention_seconds))
+            await anyio.sleep(interval_s)
+
     async def locate(self, principal: authority.Principal, op_id: str) -> OperationRef:
         """The principal's own operation, still covered by a current grant, else `unknown-operation`."""
         ref = await self._find(op_id)
@@ -170,14 +194,16 @@ class ConnectorService:
         return ref
 
     async def _find(self, op_id: str) -> OperationRef | None:
-        try:
-            handle = self.discovery.handle(op_id)
-        except UnknownOperation:
-            row = await self.commands.operation(op_id)
-            if row is None:
-                return None
-            return OperationRef(op_id, "command", row.owner, row.action_id, None)
-        return OperationRef(op_id, "discovery", handle.owner, handle.action_id, handle.scope.transport)
+        """The same two lookups for every id, known or not, so that existence does not show in timing."""
+        located = await self.state.locate(op_id)
+        handle = self.discovery.find(op_id)
+        if handle is not None:
+            return OperationRef(op_id, "discovery", handle.owner, handle.action_id, handle.scope.transport)
+        if located is None:
+            return None
+        return OperationRef(
+            op_id, located.kind, located.owner, located.action_id, located.transport, located.discovery
+        )
 
     # ---- directives ----------------------------------------------------------------------------------------
 
@@ -233,33 +259,48 @@ class ConnectorService:
         require_status_v2(timing.get("status_versions"))
         fingerprint = directive_fingerprint(directive)
         op_id = self._new_operation_id(principal, action.action_id, key)
-        async with self._admission:
-            admitted = self._retained_admission(op_id)
-            if admitted is not None:
-                check_idempotent_replay(admitted.fingerprint, fingerprint)
-                return admitted.reply
-            await self._check_concurrency(principal)
-            # Starting only takes the claim and spawns the runner task: no provider I/O is awaited here.
-            reply = await self._start_scan(principal, action, directive, scope, op_id)
-            if key is not None:
-                self._admitted[op_id] = _Admitted(fingerprint, reply)
-            self._sweep()
-            return reply
-
-    def _retained_admission(self, op_id: str) -> _Admitted | None:
-        """The first answer of a keyed scan the runtime still retains (a forgotten one starts afresh)."""
         admitted = self._admitted.get(op_id)
-        if admitted is not None and not self._retained(op_id):
-            del self._admitted[op_id]
-            return None
-        return admitted
+        if admitted is None and key is not None:
+            record = await self.state.get_discovery(op_id)
+            admitted = self._admitted.get(op_id)  # a first admission may have begun meanwhile
+            if admitted is None and record is not None:
+                # The runtime no longer holds it (erased, or a restart): the recorded first answer, and
+                # nothing starts (SPEC 4: the fingerprint is gone, directives are not compared).
+                return _accepted(record.reply)
+        if admitted is not None:
+            check_idempotent_replay(admitted.fingerprint, fingerprint)
+            with anyio.CancelScope(shield=True):  # bounded: the first admission's claim and one write
+                await admitted.recorded.wait()
+            if admitted.refusal is not None:
+                raise admitted.refusal  # the first admission was refused: so is its repeat
+            if admitted.failed:
+                raise SensoriumError("the first admission with this key failed", code="internal")
+            return admitted.reply
+        return await self._start_scan(principal, action, directive, scope, op_id, fingerprint, key)
 
-    def _retained(self, op_id: str) -> bool:
-        try:
-            self.discovery.handle(op_id)
-        except UnknownOperation:
-            return False
-        return True
+    def _reserve_live(self, owner: str, op_id: str) -> None:
+        """Step 9, per-principal part: count and reserve in one synchronous step (no await in between)."""
+        if not self.policy.admits_another_operation(self._live_count[owner]):
+            raise AdmissionError(
+                "too many operations for this principal", code="too-many-operations", retry_after_seconds=1
+            )
+        self._live_owner[op_id] = owner
+        self._live_count[owner] += 1
+
+    def _end_live(self, op_id: str) -> None:
+        """An operation ended (or its admission failed): it no longer counts (idempotent)."""
+        owner = self._live_owner.pop(op_id, None)
+        if owner is None:
+            return
+        self._live_count[owner] -= 1
+        if self._live_count[owner] <= 0:
+            del self._live_count[owner]
+
+    def _forget_books(self, op_id: str) -> None:
+        """The runtime let a session go: its in-memory books go with it."""
+        self._admitted.pop(op_id, None)
+        self._selections.pop(op_id, None)
+        self._drop_binding_book(op_id)
 
     async def _start_scan(
         self,
@@ -268,7 +309,10 @@ class ConnectorService:
         directive: Mapping[str, Any],
         scope: DiscoveryScope,
         op_id: str,
+        fingerprint: bytes,
+        key: str | None,
     ) -> Reply:
+        """Reserve, take the claim, record durably, then launch: the 202 leaves only after the record."""
         timing = directive["timing"]
         profile = self.catalog.discovery_profile(action.action_id)
         now = self._clock()
@@ -281,23 +325,52 @@ class ConnectorService:
             now, connector_fail_after=None, preferred_max_ttl=preferred, caller_deadline=deadline
         )
         retry_after = _retry_after(action)
-        await self.discovery.start_scan(
-            operation_id=op_id,
-            owner=principal.principal_id,
-            action_id=action.action_id,
-            scope=scope,
-            profile=profile,
-            provider=self._providers(scope.transport, scope.adapter),
-            now_ms=to_ms(now),
-            window_end_ms=to_ms(window_end),
-            cut_by_deadline=cut,
-            timeout_ms=timing.get("timeout_ms"),
-            expires_at_ms=to_ms(expires_at),
-            causal_context=directive.get("causal/context"),
-            retry_after_seconds=retry_after,
-        )
+        self._reserve_live(principal.principal_id, op_id)
         handle = _deferred_handle(op_id, action.action_id, retry_after, expires_at - now, cancelable=True)
-        return _accepted(handle)
+        reply = _accepted(handle)
+        admitted = _Admitted(fingerprint, reply)
+        if key is not None:
+            self._admitted[op_id] = admitted  # before any await: a concurrent repeat waits for this one
+        try:
+            await self.discovery.prepare_scan(
+                operation_id=op_id,
+                owner=principal.principal_id,
+                action_id=action.action_id,
+                scope=scope,
+                profile=profile,
+                provider=self._providers(scope.transport, scope.adapter),
+                now_ms=to_ms(now),
+                window_end_ms=to_ms(window_end),
+                cut_by_deadline=cut,
+                timeout_ms=timing.get("timeout_ms"),
+                expires_at_ms=to_ms(expires_at),
+                causal_context=directive.get("causal/context"),
+                retry_after_seconds=retry_after,
+            )
+            await self.state.insert_discovery(
+                DiscoveryRecord(
+                    operation_id=op_id,
+                    owner=principal.principal_id,
+                    action_id=action.action_id,
+                    transport=scope.transport,
+                    status=Status.PENDING.value,
+                    metadata=self.discovery.metadata(op_id),
+                    reply=handle,
+                    causal_context=directive.get("causal/context"),
+                )
+            )
+        except BaseException as error:
+            # Refused (claim) or no durable record: no work; the prepared session never runs.
+            admitted.failed = True
+            admitted.refusal = error if isinstance(error, SensoriumError) else None
+            self._admitted.pop(op_id, None)
+            self.discovery.abandon(op_id)
+            self._end_live(op_id)
+            raise
+        finally:
+            admitted.recorded.set()
+        self.discovery.launch(op_id)
+        return reply
 
     async def _admit_command(
         self,
@@ -316,6 +389,9 @@ class ConnectorService:
             return _command_reply(await self.commands.replay(op_id, command))
         try:
             return await self._submit(principal, command, directive, op_id, fingerprint)
+        except BaseException:
+            self._end_live(op_id)  # refused or broken before (or while) running: it no longer counts
+            raise
         finally:
             self._starting.pop(op_id).set()
 
@@ -328,9 +404,8 @@ class ConnectorService:
                 if existing is not None:
                     return existing
                 if starting is None:
-                    await self._check_concurrency(principal)
+                    self._reserve_live(principal.principal_id, op_id)
                     self._starting[op_id] = anyio.Event()
-                    self._maybe_live[principal.principal_id].add(op_id)
                     return None
             await starting.wait()  # the first request with this key is still being admitted
 
@@ -365,35 +440,6 @@ class ConnectorService:
         )
         return _command_reply(answer)
 
-    async def _check_concurrency(self, principal: authority.Principal) -> None:
-        """Step 9: per-principal limit on non-terminal operations, those being admitted right now included."""
-        owner = principal.principal_id
-        running_scans = self.discovery.active_operations(owner)
-        # A superset of the live commands, so the stored rows are read only when the limit is near.
-        commands = self._maybe_live.setdefault(owner, set())
-        if self.policy.admits_another_operation(running_scans + len(commands)):
-            return
-        rows = await self.state.list_operations(_LIVE_STATUSES)
-        commands.intersection_update({row.operation_id for row in rows} | set(self._starting))
-        if not self.policy.admits_another_operation(running_scans + len(commands)):
-            raise AdmissionError(
-                "too many operations for this principal", code="too-many-operations", retry_after_seconds=1
-            )
-
-    def _sweep(self) -> None:
-        """Drop in-memory books of operations the runtime no longer retains (amortised over admissions)."""
-        books: tuple[MutableMapping[str, Any], ...] = (self._admitted, self._selections, self._bindings)
-        if sum(len(book) for book in books) < self._sweep_at:
-            return
-        retained = set(self.discovery.operation_ids())
-        for book in books:
-            for op_id in [op_id for op_id in book if op_id not in retained]:
-                if book is self._bindings:
-                    self._drop_binding_book(op_id)
-                else:
-                    del book[op_id]
-        self._sweep_at = max(_SWEEP_MIN, 2 * sum(len(book) for book in books))
-
     # ---- operations ----------------------------------------------------------------------------------------
 
     async def status(
@@ -412,8 +458,10 @@ class ConnectorService:
                 return Reply(200, await self._current_status(ref))
             if ref.kind == "command":
                 document = await self.commands.wait_status(op_id, wait)
+            elif ref.record is not None:
+                document = await self._discovery_status(ref)  # ended: nothing will change any more
             else:
-                document = await self.discovery.wait_for_change(op_id, after_revision, wait)
+                document = await self._wait_for_change(ref, after_revision, wait)
             # Authority is checked again after the wait: a revocation meanwhile answers as for anyone else.
             await self.locate(self.authenticate(token), op_id)
             return Reply(200, document)
@@ -423,7 +471,28 @@ class ConnectorService:
     async def _current_status(self, ref: OperationRef) -> dict[str, Any]:
         if ref.kind == "command":
             return await self.commands.status(ref.operation_id)
-        return self.discovery.status(ref.operation_id)
+        return await self._discovery_status(ref)
+
+    async def _discovery_status(self, ref: OperationRef) -> dict[str, Any]:
+        """From the session while the runtime holds it, else from the durable record (SPEC 7 only)."""
+        try:
+            return self.discovery.status(ref.operation_id)
+        except UnknownOperation:
+            pass
+        record = ref.record if ref.record is not None else await self.state.get_discovery(ref.operation_id)
+        if record is None:
+            raise unknown_operation()
+        return status_from_durable(
+            record.metadata, final_revision=record.final_revision, causal_context=record.causal_context
+        )
+
+    async def _wait_for_change(
+        self, ref: OperationRef, after_revision: int | None, wait: float
+    ) -> dict[str, Any]:
+        try:
+            return await self.discovery.wait_for_change(ref.operation_id, after_revision, wait)
+        except UnknownOperation:  # the session left memory meanwhile: its record answers
+            return await self._discovery_status(ref)
 
     async def cancel(self, token: str | None, op_id: str) -> Reply:
         """POST /v1/operations/{id}/cancel: the status after the request."""
@@ -431,7 +500,9 @@ class ConnectorService:
             ref = await self.locate(self.authenticate(token), op_id)
             if ref.kind == "command":
                 return Reply(200, await self.commands.cancel(op_id))
-            return Reply(200, self.discovery.cancel(op_id))
+            if self.discovery.find(op_id) is not None:
+                return Reply(200, self.discovery.cancel(op_id))
+            return Reply(200, await self._discovery_status(ref))  # ended: the unchanged status
         except SensoriumError as error:
             return error_reply(error)
 
@@ -442,7 +513,7 @@ class ConnectorService:
             ref = await self.locate(principal, op_id)
             authority.require_grant(principal, ref.action_id, ref.transport)
             candidate_ref = _body_string(body, "candidate/ref", allowed={"candidate/ref"})
-            handle = self.discovery.handle(op_id) if ref.kind == "discovery" else None
+            handle = self.discovery.find(op_id) if ref.kind == "discovery" else None
             if handle is None or handle.candidate_document(candidate_ref) is None:
                 raise SensoriumError("unknown candidate", code="unknown-candidate")
             self._selections.setdefault(op_id, set()).add(candidate_ref)
@@ -461,6 +532,9 @@ class ConnectorService:
             key = _body_string(body, "idempotency_key", allowed=allowed)
             if ref.kind != "discovery":
                 raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
+            if self.discovery.find(op_id) is None:
+                _check_bindable(Status((await self._discovery_status(ref))["status"]), True)
+                raise SensoriumError("unknown candidate", code="unknown-candidate")  # the result was erased
             return await self._bind(principal, op_id, candidate_ref, key)
         except SensoriumError as error:
             return error_reply(error)

@@ -29,6 +29,7 @@ from connector.core.authority import (
     make_grant,
 )
 from connector.errors import SensoriumError
+from connector.storage.files import make_private_dir
 
 SCHEMA = "sensorium-principals.v1"
 FILE_NAME = "principals.json"
@@ -306,7 +307,7 @@ def _fsync_dir(directory: Path) -> None:
 def _locked(data_dir: Path) -> Iterator[None]:
     """Hold the advisory lock around a read-modify-write of the file (creating the data dir 0700)."""
     directory = Path(data_dir)
-    directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dir(directory)
     fd = os.open(directory / LOCK_NAME, os.O_RDWR | os.O_CREAT, 0o600)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)

@@ -520,6 +520,8 @@ class DeferredRegistry:
                 # SPEC 6.7: a restart ends every claim (the old process's sessions went with it).
                 metadata["cleanup"] = {"state": "confirmed", "claim": "released"}
             metadata.pop("retry_after_seconds", None)
+            if "scope" in metadata:  # SPEC 6.7: a restart ends every claim; the old sessions died with it
+                metadata["cleanup"] = {"state": "confirmed", "claim": "released"}
             marked.append(
                 await self.record_status(
                     record.operation_id,

@@ -10,6 +10,7 @@ from pathlib import Path
 import aiosqlite
 
 from connector.errors import SensoriumError
+from connector.storage.files import make_private_dir
 
 # aiosqlite logs SQL parameters (binding addresses among them) at DEBUG: never below INFO here.
 logging.getLogger("aiosqlite").setLevel(logging.INFO)
@@ -21,7 +22,7 @@ async def open_database(
     path: Path, migrations: Sequence[str], *, what: str, error: type[SensoriumError] = SensoriumError
 ) -> aiosqlite.Connection:
     """Create (0600) or open `path`, configure it and apply the migrations past its `user_version`."""
-    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    make_private_dir(path.parent)
     # SQLite gives the -wal and -shm files the mode of the database file, so 0600 covers all three.
     os.close(os.open(path, os.O_RDWR | os.O_CREAT, 0o600))
     connection = await aiosqlite.connect(path, isolation_level=None)

@@ -1,8 +1,11 @@
-"""Durable connector state: bindings and command operations (`<data-dir>/modules/sensorium-os/state.sqlite`).
+"""Durable connector state: bindings and operations (`<data-dir>/modules/sensorium-os/state.sqlite`).
 
 Rules of this file:
-- only bindings (SPEC 6.6: id, owner, transport, address, bound_at - no candidate ref, no label) and command
-  operations are stored; discovery candidates never reach this database;
+- only bindings (SPEC 6.6: id, owner, transport, address, bound_at - no candidate ref, no label), command
+  operations and discovery operation records are stored; discovery candidates never reach this database;
+- a discovery record is the durable metadata of SPEC 7 (`connector.core.projections.durable_metadata`),
+  the caller's `causal/context`, the final revision number and the first answer (the deferred handle);
+  never a candidate, a fingerprint of the directive, or anything derived from candidate content;
 - a forgotten binding is erased: a real DELETE under `secure_delete`, then a truncating WAL checkpoint so
   that no copy of the row stays in the WAL file either;
 - a command's input is kept only while its work is pending or running and cleared at the terminal state;
@@ -55,6 +58,22 @@ MIGRATIONS: tuple[str, ...] = (
     );
     CREATE INDEX command_operations_status ON command_operations (status);
     """,
+    """
+    CREATE TABLE discovery_operations (
+        operation_id   TEXT PRIMARY KEY,
+        owner          TEXT NOT NULL,
+        action_id      TEXT NOT NULL,
+        transport      TEXT NOT NULL,
+        status         TEXT NOT NULL,
+        ended_at_ms    INTEGER,
+        metadata_json  TEXT NOT NULL,
+        causal_context_json TEXT,
+        final_revision INTEGER NOT NULL DEFAULT 0,
+        reply_json     TEXT NOT NULL
+    ) WITHOUT ROWID;
+    CREATE INDEX discovery_operations_status ON discovery_operations (status);
+    CREATE INDEX discovery_operations_ended ON discovery_operations (ended_at_ms);
+    """,
 )
 
 Mode = Literal["sync", "async"]
@@ -105,6 +124,46 @@ class CommandOperation:
     def result(self) -> Any:
         """The decoded `result.json` value (None when there is none)."""
         return None if self.result_json is None else json.loads(self.result_json)
+
+
+@dataclass(frozen=True, slots=True)
+class DiscoveryRecord:
+    """The durable record of one discovery operation (SPEC 7 metadata; no candidate data)."""
+
+    operation_id: str
+    owner: str
+    action_id: str
+    transport: str
+    status: str
+    metadata: dict[str, Any]
+    reply: dict[str, Any]
+    causal_context: dict[str, Any] | None = None
+    final_revision: int = 0
+    ended_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Located:
+    """Where an operation id is recorded, and whose it is (one lookup for every kind)."""
+
+    kind: Literal["discovery", "command"]
+    owner: str
+    action_id: str
+    transport: str | None
+    discovery: DiscoveryRecord | None = None
+
+
+_DISCOVERY_COLUMNS = (
+    "operation_id, owner, action_id, transport, status, ended_at_ms, metadata_json, causal_context_json, "
+    "final_revision, reply_json"
+)
+# One statement for both kinds: an id nobody recorded costs exactly what another principal's id costs.
+_LOCATE = (
+    f"SELECT 'discovery', {_DISCOVERY_COLUMNS} FROM discovery_operations WHERE operation_id = ? "
+    "UNION ALL SELECT 'command', operation_id, owner, action_id, NULL, status, NULL, NULL, NULL, 0, NULL "
+    "FROM command_operations WHERE operation_id = ? LIMIT 1"
+)
+_TERMINAL_STATUSES = ("completed", "failed", "timed-out", "cancelled", "expired", "unknown")
 
 
 _OPERATION_COLUMNS = (
@@ -269,6 +328,72 @@ class ConnectorState:
         )
         return await self._write(sql, (*wanted, format_time(updated_before)))
 
+    # -- discovery records ----------------------------------------------------------------------------
+
+    async def insert_discovery(self, record: DiscoveryRecord) -> None:
+        """Store the record of a newly accepted scan (before its 202 leaves)."""
+        sql = f"INSERT INTO discovery_operations ({_DISCOVERY_COLUMNS}) VALUES ({', '.join('?' * 10)})"
+        try:
+            await self._write(sql, _discovery_row(record))
+        except aiosqlite.IntegrityError as error:
+            raise SensoriumError("operation id already exists", code="internal") from error
+
+    async def update_discovery(
+        self, operation_id: str, metadata: dict[str, Any], *, final_revision: int, ended_at_ms: int | None
+    ) -> None:
+        """Record a lifecycle change (terminal status, late cleanup, erasure) of a scan."""
+        sql = (
+            "UPDATE discovery_operations SET status = ?, metadata_json = ?, final_revision = ?, "
+            "ended_at_ms = COALESCE(ended_at_ms, ?) WHERE operation_id = ?"
+        )
+        params = (metadata["status"], _dump(metadata), final_revision, ended_at_ms, operation_id)
+        await self._write(sql, params)
+
+    async def get_discovery(self, operation_id: str) -> DiscoveryRecord | None:
+        """The record of a scan, or None."""
+        sql = f"SELECT {_DISCOVERY_COLUMNS} FROM discovery_operations WHERE operation_id = ?"
+        async with self._db.execute(sql, (operation_id,)) as cursor:
+            row = await cursor.fetchone()
+        return None if row is None else _discovery_from_row(tuple(row))
+
+    async def locate(self, operation_id: str) -> Located | None:
+        """Kind, owner, action and transport of any recorded operation (with a scan's record), or None."""
+        async with self._db.execute(_LOCATE, (operation_id, operation_id)) as cursor:
+            row = await cursor.fetchone()
+        if row is None:
+            return None
+        if row[0] == "command":
+            return Located("command", row[2], row[3], None)
+        record = _discovery_from_row(tuple(row[1:]))
+        return Located("discovery", record.owner, record.action_id, record.transport, record)
+
+    async def interrupt_discoveries(self, now_ms: int, stamp: str) -> int:
+        """After a restart: unfinished scans end `failed` `interrupted-by-restart` with cleanup confirmed and
+        the claim released (SPEC 6.6, 6.7: the old process's sessions died with it); a retained completed
+        result is erased (`erased_at` = `stamp`). Returns how many records changed."""
+        changed = 0
+        sql = f"SELECT {_DISCOVERY_COLUMNS} FROM discovery_operations WHERE status IN ('pending', 'running') "
+        sql += "OR (status = 'completed' AND metadata_json NOT LIKE '%\"erased_at\"%')"
+        async with self._db.execute(sql) as cursor:
+            rows = await cursor.fetchall()
+        for row in rows:
+            record = _discovery_from_row(tuple(row))
+            metadata = interrupted_metadata(record.metadata, stamp)
+            await self.update_discovery(
+                record.operation_id, metadata, final_revision=record.final_revision, ended_at_ms=now_ms
+            )
+            changed += 1
+        return changed
+
+    async def delete_discoveries_ended_before(self, cutoff_ms: int) -> int:
+        """Metadata retention: forget scans that ended before the cutoff; returns the count."""
+        placeholders = ", ".join("?" * len(_TERMINAL_STATUSES))
+        sql = (
+            f"DELETE FROM discovery_operations WHERE status IN ({placeholders}) "
+            "AND ended_at_ms IS NOT NULL AND ended_at_ms < ?"
+        )
+        return await self._write(sql, (*_TERMINAL_STATUSES, cutoff_ms))
+
     # -- internals ------------------------------------------------------------------------------------
 
     async def _write(self, sql: str, params: tuple[Any, ...]) -> int:
@@ -278,6 +403,54 @@ class ConnectorState:
             count = cursor.rowcount
             await cursor.close()
         return count
+
+
+def interrupted_metadata(metadata: dict[str, Any], stamp: str) -> dict[str, Any]:
+    """Durable metadata of a scan the restart cut: failed, interrupted, cleanup confirmed, claim released."""
+    changed = dict(metadata)
+    if changed.get("status") == "completed":
+        changed["erased_at"] = changed.get("erased_at", stamp)
+        return changed
+    changed.update(status="failed", error_code="interrupted-by-restart", updated_at=stamp)
+    changed["cleanup"] = {"state": "confirmed", "claim": "released"}
+    changed.pop("reason", None)
+    return changed
+
+
+def _dump(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"), ensure_ascii=False, allow_nan=False)
+
+
+def _discovery_row(record: DiscoveryRecord) -> tuple[Any, ...]:
+    """Column values in `_DISCOVERY_COLUMNS` order."""
+    return (
+        record.operation_id,
+        record.owner,
+        record.action_id,
+        record.transport,
+        record.status,
+        record.ended_at_ms,
+        _dump(record.metadata),
+        None if record.causal_context is None else _dump(record.causal_context),
+        record.final_revision,
+        _dump(record.reply),
+    )
+
+
+def _discovery_from_row(row: tuple[Any, ...]) -> DiscoveryRecord:
+    """A row in `_DISCOVERY_COLUMNS` order back into a `DiscoveryRecord`."""
+    return DiscoveryRecord(
+        operation_id=row[0],
+        owner=row[1],
+        action_id=row[2],
+        transport=row[3],
+        status=row[4],
+        ended_at_ms=row[5],
+        metadata=json.loads(row[6]),
+        causal_context=None if row[7] is None else json.loads(row[7]),
+        final_revision=row[8],
+        reply=json.loads(row[9]),
+    )
 
 
 def _operation_row(op: CommandOperation) -> tuple[Any, ...]:

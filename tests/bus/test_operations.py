@@ -341,6 +341,13 @@ async def test_refused_requests_start_nothing(tmp_path: Path, broker: NatsServer
                 (bus.subjects.start, b'{"op": "x y", "directive": {}}', "invalid-input"),
                 (bus.subjects.get, b'{"op": "ok", "more": 1}', "invalid-input"),
                 (bus.subjects.cancel, b"[]", "invalid-input"),
+                # SPEC 1: strict JSON (issue D5), refused before anything is admitted.
+                (bus.subjects.start, b'{"op": "s-1", "directive": {"x": NaN}}', "invalid-json"),
+                (bus.subjects.start, b'{"op": "s-2", "op": "s-3", "directive": {}}', "invalid-json"),
+                (bus.subjects.start, b'{"op": "s-4", "directive": {"a": "\\ud800"}}', "invalid-json"),
+                (bus.subjects.start, _with_input(ble_scan(1), b"1e400"), "invalid-input"),
+                (bus.subjects.start, _with_input(ble_scan(1), b"9007199254740993"), "invalid-input"),
+                (bus.subjects.get, b'{"op": "ok", "op": "ok"}', "invalid-json"),
             ):
                 headers = {"Authorization": f"Bearer {env.tokens['alice']}"}
                 msg = await bus.nc.request(subject, data, timeout=5, headers=headers)
@@ -465,3 +472,9 @@ async def test_a_handle_equal_to_an_http_idempotency_key_is_refused(
         assert refused.value.code == "idempotency-conflict" and refused.value.reply["state"] == "running"
         assert await bus.get("shared-1") == {"op": "shared-1", "state": "unknown"}
     assert providers.starts == 1
+
+
+def _with_input(directive: dict[str, Any], number: bytes) -> bytes:
+    """An `op.start` request whose scan input carries `number` as written (not representable in Python)."""
+    text = json.dumps({"op": "s-5", "directive": {**directive, "input": {**directive["input"], "n": 0}}})
+    return text.replace('"n": 0', '"n": ' + number.decode()).encode()

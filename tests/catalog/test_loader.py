@@ -120,11 +120,16 @@ def test_a_higher_recorded_version_refuses_the_catalog(operator: Operator, tmp_p
     assert refusal(operator, path, data_dir).code == "catalog-rollback"
 
 
-def test_floors_of_other_catalogs_do_not_apply(operator: Operator, tmp_path: Path) -> None:
+def test_the_floor_is_global_across_catalog_ids(operator: Operator, tmp_path: Path) -> None:
+    """SPEC 12: "the highest recorded": a fresh `catalog/id` cannot reset the floor (issue D8)."""
     data_dir, path = tmp_path / "data", tmp_path / "actions.json"
-    record_accepted_version(data_dir, "another.catalog", 9)
-    write_signed(path, example_catalog(), operator.private_key)
-    assert load(operator, path, data_dir).version == 1
+    record_accepted_version(data_dir, "another.catalog", 5)
+    write_signed(path, example_catalog(), operator.private_key)  # version 1, another id
+    assert refusal(operator, path, data_dir).code == "catalog-rollback"
+    catalog = example_catalog()
+    catalog["catalog/version"] = 5
+    write_signed(path, catalog, operator.private_key)
+    assert load(operator, path, data_dir).version == 5  # equal is fine
 
 
 def test_refused_catalogs_are_not_recorded(operator: Operator, tmp_path: Path) -> None:

@@ -137,3 +137,33 @@ async def test_a_keyed_repeat_after_a_restart_answers_the_interrupted_handle_and
         assert status["status"] == "failed"
         assert status["error"]["code"] == "interrupted-by-restart"
     assert starts == ["ble"]  # no second, untracked session under the same id
+
+
+async def test_a_keyed_repeat_of_ended_work_is_admitted_like_a_first_one(tmp_path: Path) -> None:
+    """Issue D6: steps 2-8 run on every repeat, before and after a restart; only step 9 is skipped."""
+    tokens = add_principals(tmp_path, ())
+    starts: list[str] = []
+    settings: dict[str, Any] = {"host_poller": False, "providers": counting(starts)}
+    keyed = {**scan_directive(1), "idempotency_key": "ended-1"}
+    invalid = {**keyed, "input": {**keyed["input"], "window_seconds": 0}}
+    unknown = {**keyed, "action_id": "no.such.action"}
+    async with host_app(tmp_path, **settings) as (_, client):
+        first = await client.post("/v1/host/directives", json=keyed, headers=bearer(tokens.alice))
+        await poll_until(
+            client, first.json()["status_href"], tokens.alice, lambda b: b["status"] == "completed"
+        )
+        bad = await client.post("/v1/host/directives", json=invalid, headers=bearer(tokens.alice))
+        assert (bad.status_code, bad.json()["code"]) == (422, "invalid-input")
+        lost = await client.post("/v1/host/directives", json=unknown, headers=bearer(tokens.alice))
+        assert (lost.status_code, lost.json()["code"]) == (404, "unknown-action")
+        other = {**keyed, "input": {**keyed["input"], "window_seconds": 2}}
+        conflict = await client.post("/v1/host/directives", json=other, headers=bearer(tokens.alice))
+        assert (conflict.status_code, conflict.json()["code"]) == (409, "idempotency-conflict")
+        same = await client.post("/v1/host/directives", json=keyed, headers=bearer(tokens.alice))
+        assert (same.status_code, same.content) == (202, first.content)
+    async with host_app(tmp_path, **settings) as (_, client):
+        bad = await client.post("/v1/host/directives", json=invalid, headers=bearer(tokens.alice))
+        assert (bad.status_code, bad.json()["code"]) == (422, "invalid-input")
+        same = await client.post("/v1/host/directives", json=keyed, headers=bearer(tokens.alice))
+        assert (same.status_code, same.content) == (202, first.content)
+    assert starts == ["ble"]

@@ -246,3 +246,38 @@ async def test_an_idempotent_repeat_through_the_host_joins_the_same_work(tmp_pat
             headers=bearer(tokens.alice),
         )
         assert conflict.status_code == 409 and conflict.json()["code"] == "idempotency-conflict"
+
+
+async def test_the_host_authenticates_before_it_parses(tmp_path: Path) -> None:
+    """Issue D7: without a token a malformed body answers 401, not 400."""
+    tokens = add_principals(tmp_path)
+    async with host_app(tmp_path, host_poller=False) as (assembled, client):
+        for body in (b"{nope", b'{"x": NaN}', b'{"input": {"n": 1e400}}'):
+            anonymous = await client.post("/v1/host/directives", content=body)
+            assert anonymous.status_code == 401 and anonymous.json()["code"] == "unauthenticated"
+            wrong = await client.post("/v1/host/directives", content=body, headers=bearer("not-a-token"))
+            assert wrong.status_code == 401
+        refusals = [
+            (b'{"x": NaN}', 400, "invalid-json"),
+            (b'{"a": 1, "a": 1}', 400, "invalid-json"),
+            (b'{"a": "\\udc00"}', 400, "invalid-json"),
+            (
+                json.dumps(scan_directive())
+                .replace('"window_seconds": 1', '"window_seconds": 1e400')
+                .encode(),
+                422,
+                "invalid-input",
+            ),
+            (
+                json.dumps(scan_directive())
+                .replace('"window_seconds": 1', '"window_seconds": 9007199254740993')
+                .encode(),
+                422,
+                "invalid-input",
+            ),
+        ]
+        for body, status, code in refusals:
+            refused = await client.post("/v1/host/directives", content=body, headers=bearer(tokens.alice))
+            assert (refused.status_code, refused.json()["code"]) == (status, code)
+        assert await assembled.registry.list() == []
+        assert list(assembled.discovery.operation_ids()) == []

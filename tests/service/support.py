@@ -50,9 +50,15 @@ _SLEEPER = (
 CALLER_GRANTS = (SCAN, REDACT, INFO, SLEEP, STUBBORN)
 
 
-def write_test_catalog(base: Path, marker: Path) -> tuple[Path, Path]:
+def write_test_catalog(
+    base: Path, marker: Path, *, result_retention_seconds: int | None = None
+) -> tuple[Path, Path]:
     """The shipped catalog plus two sleeping command actions, signed by a fresh key; (catalog, trust dir)."""
+    if (base / "actions.json").exists():  # a restart over the same directory: the same signed catalog
+        return base / "actions.json", base / "trust"
     document: dict[str, Any] = json.loads(SHIPPED_CATALOG.read_text(encoding="utf-8"))
+    if result_retention_seconds is not None:
+        document["actions"][0]["discovery"]["result_retention_seconds"] = result_retention_seconds
     document["actions"] += [
         _sleeper(SLEEP, marker, support="either", cancel="terminate"),
         _sleeper(STUBBORN, marker.with_name(marker.name + ".stubborn"), support="async-only", cancel="none"),
@@ -221,12 +227,19 @@ async def harness(
     replay_speed: float = 10.0,
     clock: OffsetClock | None = None,
     max_body_bytes: int = 65536,
+    result_retention_seconds: int | None = None,
+    tokens: dict[str, str] | None = None,
 ) -> AsyncIterator[Harness]:
-    """Assemble a connector over a fresh data dir with the test catalog and principals; yield a harness."""
+    """Assemble a connector over a fresh data dir with the test catalog and principals; yield a harness.
+
+    With the `tokens` of an earlier harness over the same `tmp_path`, the connector restarts over its data.
+    """
     data_dir = tmp_path / "data"
     marker = tmp_path / "sleeper.pid"
-    catalog, trust = write_test_catalog(tmp_path / "catalog", marker)
-    tokens = add_test_principals(data_dir)
+    catalog, trust = write_test_catalog(
+        tmp_path / "catalog", marker, result_retention_seconds=result_retention_seconds
+    )
+    tokens = tokens if tokens is not None else add_test_principals(data_dir)
     config = ConnectorConfig(
         data_dir=data_dir,
         catalog=catalog,

@@ -3,6 +3,7 @@ response (nor log record) echoes what the request carried."""
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -198,6 +199,40 @@ async def test_no_response_echoes_a_planted_canary(tmp_path: Path, caplog: pytes
             assert all(CANARY.lower() not in v.lower() for v in response.headers.values())
         assert factory.starts == 0 and h.submits == []
     assert CANARY.lower() not in _server_log(caplog).lower()
+
+
+def _scan_with(raw_number: str, *, where: str) -> bytes:
+    """A scan directive whose `where` ("input" or "timing") holds a number exactly as written."""
+    directive = scan_directive(1)
+    directive[where]["n"] = 0
+    return json.dumps(directive).replace('"n": 0', f'"n": {raw_number}').encode()
+
+
+@pytest.mark.asyncio
+async def test_values_strict_json_does_not_carry_are_refused_before_admission(tmp_path: Path) -> None:
+    """SPEC 1 last paragraph (issue D5): 400 or 422, never a 202 whose statuses cannot be encoded."""
+    factory = RecordingFactory()
+    async with harness(tmp_path, factory=factory) as h:
+        cases = [
+            (b'{"schema": "sensorium-directive.v1", "x": Infinity}', 400, "invalid-json"),
+            (
+                b'{"schema": "sensorium-directive.v1", "schema": "sensorium-directive.v1"}',
+                400,
+                "invalid-json",
+            ),
+            (_scan_with('"\\ud800"', where="input"), 400, "invalid-json"),
+            (_scan_with("1e400", where="input"), 422, "invalid-input"),
+            (_scan_with("9007199254740993", where="input"), 422, "invalid-input"),
+            (_scan_with("-9007199254740993", where="input"), 422, "invalid-input"),
+            (_scan_with("2.5", where="timing"), 422, "invalid-directive"),
+        ]
+        for body, status, code in cases:
+            response = await h.client.post("/v1/directives", content=body, headers=h.auth("alice"))
+            assert_error(response, status, code)
+        for path in (OP + "/selection", OP + "/bindings"):
+            response = await h.client.post(path, content=b'{"candidate/ref": 1e400}', headers=h.auth("alice"))
+            assert_error(response, 422, "invalid-input")
+    assert factory.requests == [] and factory.starts == 0
 
 
 @pytest.mark.asyncio

@@ -77,7 +77,8 @@ async def test_the_key_belongs_to_the_principal(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
-async def test_no_digest_or_row_is_stored_for_discovery(tmp_path: Path) -> None:
+async def test_no_digest_or_key_is_stored_for_discovery(tmp_path: Path) -> None:
+    """The scan's durable record (SPEC 7 metadata) is stored; its fingerprint and key never are (SPEC 4)."""
     factory = RecordingFactory(straps(1), concurrent=True)
     async with harness(tmp_path, factory=factory) as h:
         directive = scan_directive(1, key="persist-nothing")
@@ -86,9 +87,11 @@ async def test_no_digest_or_row_is_stored_for_discovery(tmp_path: Path) -> None:
         await h.poll("alice", accepted.headers["location"])
         await h.assembled.state.checkpoint()
         assert query(h.data_dir, "SELECT operation_id FROM command_operations") == []
+        assert query(h.data_dir, "SELECT operation_id FROM discovery_operations") == [(op_id,)]
         stored = files_bytes(h.data_dir)
         fingerprint = directive_fingerprint(directive)
-        for needle in (op_id.encode(), fingerprint, fingerprint.hex().encode(), b"persist-nothing"):
+        device = (b"strap-0", b"02:00:00:00:00:00")
+        for needle in (fingerprint, fingerprint.hex().encode(), b"persist-nothing", *device):
             assert needle not in stored
 
 

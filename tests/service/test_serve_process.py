@@ -24,7 +24,6 @@ from service.support import (
     STUBBORN,
     TERMINAL,
     add_test_principals,
-    assert_error,
     assert_valid,
     candidates_of,
     command_directive,
@@ -182,8 +181,12 @@ async def test_command_results_survive_a_restart_and_dead_work_is_interrupted(tm
                 "/v1/directives", json=command_directive(INFO, "sync", key="info-1"), headers=auth
             )
             assert (replay.status_code, replay.content) == (200, info.content)
-            # Discovery keeps nothing across a restart: no list is rebuilt and no scan restarts.
-            assert_error(await client.get(scan.headers["location"], headers=auth), 404, "unknown-operation")
+            # A scan's durable record survives (SPEC 6.6): interrupted, cleanup confirmed, claim released;
+            # no list is rebuilt and no scan restarts.
+            cut = (await client.get(scan.headers["location"], headers=auth)).json()
+            assert_valid("deferred-operation-status.v2", cut)
+            assert (cut["status"], cut["error"]["code"]) == ("failed", "interrupted-by-restart")
+            assert cut["cleanup"] == {"state": "confirmed", "claim": "released"} and "progress" not in cut
 
     finally:
         if sleeper and _alive(sleeper):

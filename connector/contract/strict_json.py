@@ -1,0 +1,171 @@
+"""Strict JSON for every document a caller sends (SPEC 1, last paragraph; SPEC 14).
+
+Rules of this file:
+- not strict JSON is `invalid-json` (400): bytes that are not UTF-8 or not JSON, `NaN`, `Infinity`,
+  `-Infinity`, a string holding a lone surrogate (as a key or a value), an object with a duplicate key,
+  nesting deeper than `MAX_DEPTH`;
+- strict JSON holding a number that is not an integer within +-(2^53 - 1) (any fraction or exponent,
+  `1e400` included) is refused with 422: `invalid-input` when the number sits in a directive's `input` or
+  in a request that is not a directive, `invalid-directive` elsewhere in a directive;
+- the parser itself refuses: the hooks of the standard library decoder see every constant, number, string
+  and object as it is read, so no value that cannot be encoded again ever reaches admission;
+- refusals name a path of known keys and a rule, never a value or a caller-chosen key.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from json import scanner
+from typing import Any, Final
+
+from connector.errors import AdmissionError, SensoriumError
+
+MAX_DEPTH: Final = 64
+MAX_SAFE_INTEGER: Final = 2**53 - 1
+_SAFE_DIGITS: Final = len(str(MAX_SAFE_INTEGER))
+_SURROGATE = re.compile("[\ud800-\udfff]")
+# Top-level keys of `sensorium-directive.v1`: only these are ever named in a diagnostic.
+_DIRECTIVE_KEYS: Final = frozenset(
+    {
+        "schema",
+        "action_id",
+        "timing",
+        "input",
+        "idempotency_key",
+        "correlation/id",
+        "causal/context",
+        "extensions",
+    }
+)
+
+
+class _Refused:
+    """Stands in for a number strict JSON does not carry, until the parse is over and its path is known."""
+
+    __slots__ = ()
+
+
+_REFUSED: Final = _Refused()
+
+
+class _NotStrict(ValueError):
+    """Raised inside the decoder: the text is not strict JSON."""
+
+
+def _no_constant(_: str) -> Any:
+    raise _NotStrict("non-finite number")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document = dict(pairs)
+    if len(document) != len(pairs):
+        raise _NotStrict("duplicate key")
+    for key in document:
+        if _SURROGATE.search(key):
+            raise _NotStrict("lone surrogate")
+    return document
+
+
+class _StrictDecoder(json.JSONDecoder):
+    """The standard decoder with every hook strict; strings are checked as they are scanned."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constant,
+            parse_float=self._float,
+            parse_int=self._integer,
+        )
+        self.refused = 0
+        plain: Callable[[str, int, bool], tuple[str, int]] = getattr(json.decoder, "scanstring")  # noqa: B009
+
+        def checked_string(text: str, end: int, strict: bool = True) -> tuple[str, int]:
+            value, after = plain(text, end, strict)
+            if _SURROGATE.search(value):
+                raise _NotStrict("lone surrogate")
+            return value, after
+
+        self.parse_string = checked_string
+        # The C scanner reads strings itself; the Python one calls `parse_string` for every string value.
+        self.scan_once = getattr(scanner, "py_make_scanner")(self)  # noqa: B009  (untyped in typeshed)
+
+    def _integer(self, text: str) -> Any:
+        # Long digit strings are never converted (time, and int's own digit limit).
+        value = None if len(text.lstrip("-")) > _SAFE_DIGITS else int(text)
+        if value is not None and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+            return value
+        self.refused += 1
+        return _REFUSED
+
+    def _float(self, _: str) -> Any:
+        self.refused += 1
+        return _REFUSED
+
+
+def loads(raw: bytes | str, *, directive_at: Sequence[str] | None = ()) -> Any:
+    """The value of a strict JSON document, or a refusal (400 `invalid-json`, 422 for numbers).
+
+    `directive_at` is the path of the directive inside the document (`()`: the document is one; None: it
+    holds none), which decides between `invalid-directive` and `invalid-input` for a refused number.
+    """
+    try:
+        text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
+        if _SURROGATE.search(text):
+            raise _NotStrict("lone surrogate")
+        decoder = _StrictDecoder()
+        value = decoder.decode(text)
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise SensoriumError("the body is not strict JSON", code="invalid-json") from None
+    if _depth_exceeds(value, MAX_DEPTH):
+        raise SensoriumError("the body nests too deeply", code="invalid-json")
+    path = _refused_path(value) if decoder.refused else None
+    if path is not None:
+        raise _number_refusal(path, directive_at)
+    return value
+
+
+def _number_refusal(path: Sequence[str | int], directive_at: Sequence[str] | None) -> AdmissionError:
+    """422 naming the directive section (a known key) that holds the number, never the value."""
+    code, pointer = "invalid-input", "/"
+    prefix = tuple(directive_at) if directive_at is not None else None
+    if prefix is not None and tuple(path[: len(prefix)]) == prefix and len(path) > len(prefix):
+        section = path[len(prefix)]
+        code = "invalid-input" if section == "input" else "invalid-directive"
+        known = isinstance(section, str) and section in _DIRECTIVE_KEYS
+        parts = [*prefix, section] if known else list(prefix)
+        pointer = "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in parts)
+    return AdmissionError(
+        "numbers must be integers within +-(2^53 - 1)",
+        code=code,
+        diagnostics=[{"code": code, "message": f"{pointer}: safe-integer"}],
+    )
+
+
+def _refused_path(value: Any) -> list[str | int] | None:
+    """The path of the first refused number, if any (iterative: no recursion)."""
+    stack: list[tuple[Any, list[str | int]]] = [(value, [])]
+    while stack:
+        item, path = stack.pop()
+        if item is _REFUSED:
+            return path
+        if isinstance(item, dict):
+            stack.extend((child, [*path, key]) for key, child in reversed(item.items()))
+        elif isinstance(item, list):
+            stack.extend((child, [*path, index]) for index, child in reversed(list(enumerate(item))))
+    return None
+
+
+def _depth_exceeds(value: Any, limit: int) -> bool:
+    """True when arrays and objects nest deeper than `limit` (iterative: no recursion)."""
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        children = item.values() if isinstance(item, dict) else item if isinstance(item, list) else None
+        if children is None:
+            continue
+        if depth > limit:
+            return True
+        stack.extend((child, depth + 1) for child in children)
+    return False
