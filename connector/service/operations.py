@@ -3,8 +3,9 @@
 The console lists every operation the process knows (SPEC 11): the host registry's, and those admitted on
 the connector routes (`POST /v1/directives`) that the host never recorded. This module answers the second
 part with durable metadata only (SPEC 7): the discovery runtime's durable projection and the command rows'
-status without `result`. It is a Protocol plus one implementation over today's in-memory runtime and the
-command store, so that it can be switched to durable connector records without touching the console.
+status without `result`. It is a Protocol plus one implementation over the runtime (live sessions), the
+durable scan records of `storage/state.py` (scans that left memory or ran before a restart) and the
+command store.
 """
 
 from __future__ import annotations
@@ -74,23 +75,32 @@ class LiveConnectorOperations:
         self._known = dict(known_adapters or {})
 
     async def operations(self) -> list[dict[str, Any]]:
-        """Discovery metadata first, then command rows; the console sorts and filters."""
+        """Live discovery metadata, then the durable scan records (ended or from earlier runs), then
+        command rows; the console sorts and filters."""
         found = []
+        live = set()
         for op_id in self._discovery.operation_ids():
             try:
                 found.append(self._discovery.metadata(op_id))
+                live.add(op_id)
             except UnknownOperation:
                 continue  # forgotten between the two calls
+        for record in await self._state.list_discoveries():
+            if record.operation_id not in live:
+                found.append(dict(record.metadata))
         for row in await self._state.list_operations():
             found.append(_command_metadata(row))
         return found
 
     async def operation(self, operation_id: str) -> dict[str, Any] | None:
-        """Durable metadata of a discovery or a command, or None."""
+        """Durable metadata of a discovery (live, else its record) or a command, or None."""
         try:
             return self._discovery.metadata(operation_id)
         except UnknownOperation:
             pass
+        record = await self._state.get_discovery(operation_id)
+        if record is not None:
+            return dict(record.metadata)
         row = await self._state.get_operation(operation_id)
         return None if row is None else _command_metadata(row)
 

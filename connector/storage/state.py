@@ -356,6 +356,16 @@ class ConnectorState:
             row = await cursor.fetchone()
         return None if row is None else _discovery_from_row(tuple(row))
 
+    async def list_discoveries(self, limit: int = 500) -> list[DiscoveryRecord]:
+        """Scan records: open ones first, then the most recently ended (operator views: metadata only)."""
+        sql = (
+            f"SELECT {_DISCOVERY_COLUMNS} FROM discovery_operations "
+            "ORDER BY ended_at_ms IS NULL DESC, ended_at_ms DESC LIMIT ?"
+        )
+        async with self._db.execute(sql, (max(0, int(limit)),)) as cursor:
+            rows = await cursor.fetchall()
+        return [_discovery_from_row(tuple(row)) for row in rows]
+
     async def locate(self, operation_id: str) -> Located | None:
         """Kind, owner, action and transport of any recorded operation (with a scan's record), or None."""
         async with self._db.execute(_LOCATE, (operation_id, operation_id)) as cursor:
