@@ -396,7 +396,7 @@ async def test_stop_ends_resolutions_and_closes_every_socket_before_it_returns(r
             await asyncio.sleep(0.02)
     async with asyncio.timeout(
         30
-    ):  # far below the pending 10-minute resolution (timing: bench/mdns_bench.py)
+    ):  # far below the pending 10-minute resolution; timing: bench/mdns_stop.py (timing: bench/mdns_bench.py)
         await session.stop()
     assert all(s.fileno() == -1 for s in sockets)
     assert zeroconf_tasks() == []
