@@ -31,9 +31,10 @@ from connector.contract.models import (
     ErrorDocument,
     validate_wire,
 )
+from connector.core.lifecycle import TERMINAL_STATUSES
 
 Status = DeferredOperationStatusV1 | DeferredOperationStatusV2
-TERMINAL = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
+TERMINAL: frozenset[str] = frozenset(status.value for status in TERMINAL_STATUSES)
 MAX_WAIT_SECONDS = 30
 _RETRIED_CODES = frozenset({"too-many-operations", "transport-claimed", "session-not-terminated"})
 _LOST_REPLY = (httpx.TransportError,)  # connect, read, write, pool and protocol errors
@@ -399,8 +400,8 @@ class ConnectorClient:
         return parsed
 
     async def forget(self, binding_id: str) -> None:
-        """Forget (erase) a binding."""
-        await self._request("DELETE", f"/v1/bindings/{binding_id}")
+        """Forget (erase) a binding; `unknown-binding` after a lost reply means the lost DELETE did it."""
+        await self._request("DELETE", f"/v1/bindings/{binding_id}", done_after_loss=("unknown-binding",))
 
     async def bindings(self) -> list[BindingEntry]:
         """The bindings this principal may see."""
@@ -415,8 +416,15 @@ class ConnectorClient:
 
     # -- transport ----------------------------------------------------------------------------------------
 
-    async def _request(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
-        """Send; again unchanged after a lost reply or a refusal with `Retry-After`; raise typed errors."""
+    async def _request(
+        self, method: str, path: str, *, done_after_loss: tuple[str, ...] = (), **kwargs: Any
+    ) -> httpx.Response:
+        """Send; again unchanged after a lost reply or a refusal with `Retry-After`; raise typed errors.
+
+        `done_after_loss`: refusal codes that, once a reply was lost, mean the lost attempt already did
+        the work (the answer is then the refusal's response, not an error).
+        """
+        lost = False
         for attempt in range(1, self._max_attempts + 1):
             last = attempt == self._max_attempts
             try:
@@ -424,11 +432,14 @@ class ConnectorClient:
             except _LOST_REPLY:
                 if last:
                     raise
+                lost = True
                 await self._sleep(min(2 ** (attempt - 1), self._max_retry_after_s))
                 continue
             if response.status_code < 400:
                 return response
             error = _refusal(response)
+            if lost and error.code in done_after_loss:
+                return response
             if error.code not in _RETRIED_CODES or error.retry_after_seconds is None or last:
                 raise error
             await self._sleep(min(error.retry_after_seconds, self._max_retry_after_s))

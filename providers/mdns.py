@@ -27,9 +27,11 @@ import contextlib
 import logging
 import math
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Coroutine, Sequence
 from dataclasses import dataclass, replace
+from typing import Any
 
+import anyio
 from zeroconf import (
     BadTypeInNameException,
     DNSQuestionType,
@@ -58,8 +60,10 @@ DEFAULT_RESOLVE_TIMEOUT_MS = 1500
 PRESENCE_INTERVAL_S = 0.5  # SPEC 6.5: presence passes at most 1 s apart
 RETRY_RESOLVE_S = 3.0  # an instance whose SRV did not arrive is asked again after this long
 _START_TIMEOUT_S = 2.0
+_CLOSE_BOUND_S = 2.0  # an engine closed on a failed start: how long the failing caller waits for it
 _MAX_TEXT = 256
 _MAX_ITEMS = 64
+_log = logging.getLogger("sensorium.mdns")
 
 
 def _quiet_zeroconf_logs() -> None:
@@ -142,17 +146,23 @@ class MdnsProvider:
         )
         try:
             session.start()
-        except (ZeroconfError, OSError):
-            await azc.async_close()
-            raise ProviderError("mdns browser could not start") from None
+        except BaseException as failure:
+            await session.discard()
+            if isinstance(failure, ZeroconfError | OSError):
+                raise ProviderError("mdns browser could not start") from None
+            raise
         self._sessions.add(session)
         return session
 
     async def aclose(self) -> None:
         """Process shutdown: stop this provider's open sessions (each closes its own engine). Idempotent."""
         for session in list(self._sessions):
-            with contextlib.suppress(StopUnconfirmed):
+            try:
                 await session.stop()
+            except StopUnconfirmed:
+                pass
+            except Exception as failure:  # one session's fault must not keep the others open
+                _log.warning("mdns session stop failed at shutdown: %s", type(failure).__name__)
 
 
 async def open_engine(selection: Selection) -> AsyncZeroconf:
@@ -163,13 +173,33 @@ async def open_engine(selection: Selection) -> AsyncZeroconf:
         raise ProviderUnavailable("mdns sockets could not be opened on the chosen interfaces") from None
     try:
         await azc.zeroconf.async_wait_for_start(timeout=_START_TIMEOUT_S)
-    except ZeroconfError:
-        await azc.async_close()
-        raise ProviderUnavailable("mdns engine did not start") from None
+    except BaseException as failure:  # cancelled too: the engine's sockets must not outlive the start
+        await close_regardless(azc.async_close)
+        if isinstance(failure, ZeroconfError):
+            raise ProviderUnavailable("mdns engine did not start") from None
+        raise
     if not azc.zeroconf.engine.senders:
-        await azc.async_close()
+        await close_regardless(azc.async_close)
         raise ProviderUnavailable("no multicast-capable interface could be joined")
     return azc
+
+
+async def close_regardless(close: Callable[[], Coroutine[Any, Any, object]]) -> None:
+    """Run `close` to its end even while the caller is being cancelled, waiting at most `_CLOSE_BOUND_S`.
+
+    Shielded twice: the anyio scope holds off anyio cancellation, and `asyncio.shield` keeps the close
+    running in its own task when a native `Task.cancel()` still reaches the caller. Its failure is dropped.
+    """
+    closing = asyncio.ensure_future(close())
+    closing.add_done_callback(_retrieve)
+    with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BOUND_S), contextlib.suppress(Exception):
+        await asyncio.shield(closing)
+
+
+def _retrieve(task: asyncio.Future[Any]) -> None:
+    """Done callback: fetch a task's exception so asyncio never logs it (its text may quote records)."""
+    if not task.cancelled():
+        task.exception()
 
 
 def engine_sockets(azc: AsyncZeroconf) -> list[socket.socket]:
@@ -225,6 +255,7 @@ class MdnsSession(BaseSession):
             self._zc, self._types, handlers=[self._on_change], question_type=DNSQuestionType.QM
         )
         self._presence = asyncio.get_running_loop().create_task(self._presence_loop())
+        self._presence.add_done_callback(_retrieve)
 
     # -- stop ------------------------------------------------------------------------------------------------
 
@@ -233,6 +264,11 @@ class MdnsSession(BaseSession):
         outcome = await super().stop()
         self._on_stopped(self)
         return outcome
+
+    async def discard(self) -> None:
+        """A session whose start failed: end its tasks and engine (bounded, even while cancelled)."""
+        self._open = False
+        await close_regardless(self._stop_backend)
 
     async def _stop_backend(self) -> str | None:
         """One attempt (the shape of the shared base's): None once every task and socket is gone."""
@@ -262,6 +298,13 @@ class MdnsSession(BaseSession):
         """Browser callback (event loop thread): the cache already holds the batch's records."""
         if not self.is_open:
             return
+        try:
+            self._changed(service_type, name, state_change)
+        except Exception:  # raised into zeroconf, its text (may quote names) would reach asyncio's log
+            self.fail(ProviderError("mdns browser event failed"))
+
+    def _changed(self, service_type: str, name: str, state_change: ServiceStateChange) -> None:
+        """One browser event of an open session."""
         key = name.lower()
         if state_change is ServiceStateChange.Removed:
             self._drop(key)
@@ -301,10 +344,18 @@ class MdnsSession(BaseSession):
         task.add_done_callback(lambda done: self._resolution_done(instance, done))
 
     def _resolution_done(self, instance: _Instance, task: asyncio.Task[None]) -> None:
+        _retrieve(task)
         if instance.task is task:
             instance.task = None
 
     async def _resolve(self, instance: _Instance) -> None:
+        """Resolve one instance; an unexpected fault ends the session with a fixed text (never its own)."""
+        try:
+            await self._resolve_once(instance)
+        except Exception:
+            self.fail(ProviderError("mdns resolution failed"))
+
+    async def _resolve_once(self, instance: _Instance) -> None:
         """Ask for the instance's records (answered from the cache when they came with the PTR)."""
         try:
             info = AsyncServiceInfo(instance.service_type, instance.name)
@@ -353,9 +404,12 @@ class MdnsSession(BaseSession):
 
     async def _presence_loop(self) -> None:
         """Every pass: refresh what is present, drop what expired, retry what did not resolve."""
-        while True:
-            await asyncio.sleep(self._presence_interval_s)
-            self.presence_pass(current_time_millis())
+        try:
+            while True:
+                await asyncio.sleep(self._presence_interval_s)
+                self.presence_pass(current_time_millis())
+        except Exception:  # a silent stop would freeze `last_seen_at`; the text may quote record names
+            self.fail(ProviderError("mdns presence pass failed"))
 
     def presence_pass(self, now_ms: float) -> None:
         """One pass over the tracked instances against the session's cache."""

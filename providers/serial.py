@@ -7,14 +7,17 @@ pyserial 3.5's `comports()` raises (TypeError from `int(None, 16)`, `list_ports_
 device's sysfs attributes vanish mid-read, as they do during plug, unplug and board resets (pyserial#774,
 #550). SPEC 6.5: such a pass is skipped - it neither refreshes nor drops a device - and only
 `MAX_FAILED_PASSES` consecutive failures end the session `provider-failure`. Each pass also maps device
-nodes to their udev `/dev/serial/by-id/` links, the address a binding reveals (SPEC 6.8).
+nodes to their udev `/dev/serial/by-id/` links, the address a binding reveals (SPEC 6.8); the map is read
+again only when the directory changed (`ByIdLinks`).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import threading
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Protocol
@@ -24,7 +27,7 @@ import anyio.from_thread
 import anyio.lowlevel
 from serial.tools import list_ports
 
-from connector.core.observations import UsbObservation
+from connector.core.observations import Observation, UsbObservation
 from connector.core.scope import DiscoveryScope, matches_scope
 from connector.errors import ProviderError
 from providers.base import BaseSession, ObservationSink, ProviderCapabilities
@@ -32,6 +35,9 @@ from providers.base import BaseSession, ObservationSink, ProviderCapabilities
 MAX_POLL_INTERVAL_S = 1.0  # SPEC 6.5: enumeration passes at most 1 s apart
 MAX_FAILED_PASSES = 3  # SPEC 6.5: consecutive failed passes that end a session
 BY_ID_DIR = "/dev/serial/by-id"
+# A directory changed again within its timestamp granularity (a jiffy on tmpfs) keeps its mtime, so a
+# listing is trusted only once the mtime it was read under is older than this.
+_SETTLED_NS = 2_000_000_000
 _MAX_TEXT = 256
 
 
@@ -71,6 +77,36 @@ def stable_links(directory: str = BY_ID_DIR) -> dict[str, str]:
     return links
 
 
+class ByIdLinks:
+    """`stable_links(directory)`, listed and resolved again only when the directory changed (thread-safe).
+
+    udev adds, removes and retargets a by-id link by creating, unlinking or renaming an entry, each of
+    which moves the directory's mtime; a replug therefore always shows as a change.
+    """
+
+    def __init__(self, directory: str = BY_ID_DIR, clock_ns: Callable[[], int] = time.time_ns) -> None:
+        self._directory = directory
+        self._clock_ns = clock_ns
+        self._lock = threading.Lock()
+        self._key: tuple[int, int, int] | None = None
+        self._links: dict[str, str] = {}
+
+    def __call__(self) -> Mapping[str, str]:
+        """The current map (read-only: shared between the sessions' workers)."""
+        with self._lock:
+            try:
+                status = os.stat(self._directory)
+            except OSError:
+                self._key, self._links = None, {}
+                return self._links
+            key = (status.st_dev, status.st_ino, status.st_mtime_ns)
+            if key != self._key:
+                self._links = stable_links(self._directory)
+                settled = self._clock_ns() - status.st_mtime_ns > _SETTLED_NS
+                self._key = key if settled else None
+            return self._links
+
+
 def _text(value: str | None) -> str | None:
     """A sysfs string, bounded; empty strings count as absent."""
     return value[:_MAX_TEXT] if value else None
@@ -100,12 +136,17 @@ def enumeration_pass(
     ports: Iterable[PortInfo],
     previous: Mapping[str, UsbObservation],
     links: Mapping[str, str] | None = None,
+    in_scope: Callable[[Observation], bool] | None = None,
 ) -> tuple[list[UsbObservation], dict[str, UsbObservation]]:
-    """One pass: every present in-scope port as `add`, every vanished one as `remove`, and the new state."""
+    """One pass: every present in-scope port as `add`, every vanished one as `remove`, and the new state.
+
+    `in_scope`: the scope's compiled rule (`providers.base.BaseSession`), else `matches_scope` is applied.
+    """
+    rule = in_scope or functools.partial(matches_scope, scope)
     present: dict[str, UsbObservation] = {}
     for port in ports:
         observation = port_observation(port, links)
-        if observation is not None and matches_scope(scope, observation):
+        if observation is not None and rule(observation):
             present[observation.device] = observation
     removed = [replace(seen, event="remove") for device, seen in previous.items() if device not in present]
     return [*present.values(), *removed], present
@@ -125,7 +166,7 @@ class SerialProvider:
             raise ValueError("poll_interval_s must be in (0, 1] seconds")
         self._poll_interval_s = poll_interval_s
         self._enumerate_ports = enumerate_ports or _system_ports
-        self._links = links or stable_links
+        self._links = links or ByIdLinks()
 
     @property
     def capabilities(self) -> ProviderCapabilities:
@@ -209,7 +250,7 @@ class SerialSession(BaseSession):
         """One enumeration pass diffed against `previous`, or None when the pass failed."""
         try:
             ports, links = self._enumerate_ports()
-            return enumeration_pass(self.scope, ports, previous, links)
+            return enumeration_pass(self.scope, ports, previous, links, self._in_scope)
         except Exception:  # dropped here with the driver's (device-bearing) text
             return None
 
@@ -220,6 +261,6 @@ class SerialSession(BaseSession):
             anyio.from_thread.run_sync(self.fail, error, token=self._token)
 
     def _deliver(self, batch: Sequence[UsbObservation]) -> None:
-        """Hand one pass to the sink, re-filtered, unless the session is stopping (loop thread)."""
+        """Hand one pass to the sink unless the session is stopping (loop thread); the pass filtered it."""
         for observation in batch:
-            self.deliver(observation)
+            self.deliver_prefiltered(observation)

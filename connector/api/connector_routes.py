@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from connector.api.errors import bearer_token, parse_json_body, to_response
-from connector.api.openapi import Ok, Route, declare
+from connector.api.openapi import ADMISSION_REFUSALS, Ok, Route, declare
 from connector.errors import SensoriumError
 from connector.service.bindings import list_bindings
 from connector.service.connector import ConnectorService
@@ -28,19 +28,7 @@ INVOKE = Route(
             required_headers=("Location", "Retry-After"),
         ),
     ),
-    refusals=(
-        *_BODY,
-        *_AUTH,
-        "invalid-directive",
-        "unknown-action",
-        "execution-mode-not-supported",
-        "forbidden",
-        "invalid-input",
-        "status-v2-required",
-        "idempotency-conflict",
-        "too-many-operations",
-        "transport-claimed",
-    ),
+    refusals=ADMISSION_REFUSALS,
     body="sensorium-directive.v1",
 )
 STATUS = Route(

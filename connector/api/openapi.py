@@ -292,6 +292,22 @@ class Route:
 # Any request can meet these: the body limit applies before routing (even to a GET with a body), and a
 # bug of ours answers 500 `internal`.
 ANY_ROUTE_REFUSALS = ("body-too-large", "internal")
+# What admitting a directive may refuse (SPEC 2): the connector's invoke route and the host's admit route.
+ADMISSION_REFUSALS = (
+    "invalid-json",
+    "body-too-large",
+    "unauthenticated",
+    "internal",
+    "invalid-directive",
+    "unknown-action",
+    "execution-mode-not-supported",
+    "forbidden",
+    "invalid-input",
+    "status-v2-required",
+    "idempotency-conflict",
+    "too-many-operations",
+    "transport-claimed",
+)
 # Refusal codes that carry `Retry-After` (SPEC 2 step 9, 6.8).
 RETRY_AFTER_CODES = frozenset({"too-many-operations", "transport-claimed", "session-not-terminated"})
 

@@ -10,7 +10,7 @@ from fastapi import APIRouter, Query, Request
 from starlette.responses import Response
 
 from connector.api.errors import bearer_token, parse_json_body, to_response
-from connector.api.openapi import Ok, Route, declare
+from connector.api.openapi import ADMISSION_REFUSALS, Ok, Route, declare
 from connector.errors import SensoriumError
 from connector.host.service import HostService
 from connector.service.replies import error_reply
@@ -28,20 +28,7 @@ ADMIT = Route(
             required_headers=("Location", "Retry-After"),
         ),
     ),
-    refusals=(
-        "invalid-json",
-        "body-too-large",
-        *_AUTH,
-        "invalid-directive",
-        "unknown-action",
-        "execution-mode-not-supported",
-        "forbidden",
-        "invalid-input",
-        "status-v2-required",
-        "idempotency-conflict",
-        "too-many-operations",
-        "transport-claimed",
-    ),
+    refusals=ADMISSION_REFUSALS,
     body="sensorium-directive.v1",
 )
 STATUS = Route(

@@ -90,7 +90,9 @@ async def test_watch_exits_with_the_terminal_state(tmp_path: Path, broker: NatsS
             await bus.start(ble_scan(1), op="cli-done")
             await bus.start(command_directive(SLEEP), op="cli-cancelled")
             await bus.start(command_directive(FAIL), op="cli-failed")
-            await anyio.sleep(0.5)
+            with anyio.fail_after(30):  # cancelled while it runs, not before it started
+                while (await bus.get("cli-cancelled"))["state"] != "running":
+                    await anyio.sleep(0.05)
             assert (await bus.cancel("cli-cancelled"))["cancelled"] is True
         token_file = tmp_path / "token"
         token_file.write_text(token + "\n")
@@ -167,8 +169,12 @@ async def test_serve_killed_mid_scan_reports_lost_once_to_a_waiting_watcher(
             try:
                 code = await anyio.to_thread.run_sync(lambda: watcher.wait(timeout=30))
                 got = await bus.get("kill-1")
-                await wait_for(lambda: spy.done("kill-1"))
-                await anyio.sleep(0.5)
+                await wait_for(lambda: spy.done("kill-1"), timeout=30)
+                # A marker, not a pause: serve-2 answers a later request on the same connection, so any
+                # second `lost` it published before has reached the spy once the spy holds that answer.
+                answered = len(spy.replies())
+                await bus.get("kill-1")
+                await wait_for(lambda: len(spy.replies()) > answered, timeout=30)
             finally:
                 await anyio.to_thread.run_sync(second.stop)
         lines = seen + _lines(watcher)

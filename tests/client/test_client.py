@@ -124,15 +124,16 @@ async def test_refusals_are_typed_and_carry_no_input(tmp_path: Path) -> None:
 
 
 class _LosesFirstReply(httpx.AsyncBaseTransport):
-    """Delivers the first POST to the app, then drops its reply as a broken connection would."""
+    """Delivers the first `method` request to the app, then drops its reply as a broken connection would."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+    def __init__(self, inner: httpx.AsyncBaseTransport, method: str = "POST") -> None:
         self.inner = inner
+        self.method = method
         self.bodies: list[bytes] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         response = await self.inner.handle_async_request(request)
-        if request.method == "POST":
+        if request.method == self.method:
             self.bodies.append(request.content)
             if len(self.bodies) == 1:
                 raise httpx.ReadError("connection lost", request=request)
@@ -156,6 +157,30 @@ async def test_a_lost_reply_is_retried_with_the_same_key_and_joins_the_work(tmp_
             assert sum(p.start_calls for p in factory.built) == 1  # one session, joined by the retry
             async for _ in client.watch(handle, wait_seconds=5):
                 pass
+
+
+@pytest.mark.asyncio
+async def test_forget_whose_reply_was_lost_succeeds_although_the_repeat_finds_nothing(tmp_path: Path) -> None:
+    async with harness(tmp_path, factory=RecordingFactory(straps(1))) as h, connected(h) as client:
+        handle = await client.start(scan_directive(1))
+        final = [status async for status in client.watch(handle, wait_seconds=5)][-1]
+        assert isinstance(final, DeferredOperationStatusV2) and final.result is not None
+        binding = await client.bind(handle, final.result.candidates[0].candidate_ref)
+        lossy = _LosesFirstReply(httpx.ASGITransport(app=h.assembled.app), method="DELETE")
+
+        async def no_wait(seconds: float) -> None:
+            pass
+
+        async with connected(h, transport=lossy, sleep=no_wait) as retrying:
+            await retrying.forget(binding.binding_id)  # erased by the first DELETE, 404 to the repeat
+            assert len(lossy.bodies) == 2
+            assert await retrying.bindings() == []
+            with pytest.raises(api.UnknownBindingError):  # no reply lost: still an error
+                await retrying.forget(binding.binding_id)
+
+
+def test_the_client_terminal_set_is_the_lifecycle_one() -> None:
+    assert {"completed", "failed", "timed-out", "cancelled", "expired", "unknown"} == api.TERMINAL
 
 
 class _BusyFirst(httpx.AsyncBaseTransport):

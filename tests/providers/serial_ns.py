@@ -72,6 +72,8 @@ DEVICES: Mapping[str, FakePort | None] = {
     "ttyUSB3": FakePort(FT2232, 1, None, "usb-FTDI_Dual_RS232-HS_FT2KZ7Q3-if01-port0"),
     # CDC-ACM: interface 0 (communications) owns the tty, interface 1 carries the data.
     "ttyACM0": FakePort(UNO, 0, None, "usb-Arduino__www.arduino.cc__0043_85735313-if00"),
+    # The FT232R of ttyUSB0 plugged in again and given the next free node: the same by-id link name.
+    "ttyUSB4": FakePort(FT232R, 0, "FT232R USB UART", "usb-FTDI_FT232R_USB_UART_A50285BI-if00-port0"),
 }
 
 

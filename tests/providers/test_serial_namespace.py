@@ -196,3 +196,36 @@ def test_stop_joins_every_worker_and_nothing_follows(outcome: dict[str, Any]) ->
 def test_scenario_runs_in_its_own_namespace_only(outcome: dict[str, Any]) -> None:
     assert not Path("/dev/ttyUSB1").exists()
     assert not Path("/sys/class/tty/ttyUSB1").exists()
+
+
+REPLUG: dict[str, Any] = {
+    "poll_interval_s": POLL_S,
+    "window_s": 2.0,
+    "initial": ["ttyS0", "ttyUSB0"],  # ttyS0: the scenario's control open
+    "steps": [
+        {"at_s": 0.6, "action": "remove", "device": "ttyUSB0"},
+        {"at_s": 1.0, "action": "add", "device": "ttyUSB4"},  # the same FT232R on a new node
+    ],
+    "sessions": {"vid_pid": {"filters": {"vid_pid": [FTDI]}}},
+    "after_stop": [],
+}
+
+
+@pytest.fixture(scope="module")
+def replugged(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """The replug scenario's results, or a skip when this machine forbids mount namespaces."""
+    prefix = namespace_prefix()
+    if prefix is None:
+        pytest.skip("unshare --mount is unavailable or not permitted here (as root or in a user namespace)")
+    return run_scenario(prefix, REPLUG, tmp_path_factory.mktemp("serial-replug") / "root")
+
+
+def test_a_replugged_device_carries_its_by_id_link_on_its_new_node(replugged: dict[str, Any]) -> None:
+    link = BY_ID + "usb-FTDI_FT232R_USB_UART_A50285BI-if00-port0"
+    events = replugged["sessions"]["vid_pid"]
+    before = [e for e in events if e["device"] == "/dev/ttyUSB0"]
+    after = [e for e in events if e["device"] == "/dev/ttyUSB4"]
+    assert [e["event"] for e in before].count("remove") == 1 and before[-1]["event"] == "remove"
+    assert before and all(e["stable_path"] == link for e in before)
+    assert after and all(e["event"] == "add" and e["stable_path"] == link for e in after)
+    assert replugged["failures"] == {"vid_pid": []}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -17,7 +18,16 @@ from connector.core.observations import Observation, UsbObservation
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from connector.core.snapshot import transport_address
 from connector.errors import ProviderError, StopUnconfirmed
-from providers.serial import PortInfo, SerialProvider, enumeration_pass, port_observation, stable_links
+from providers import base as providers_base
+from providers import serial as serial_module
+from providers.serial import (
+    ByIdLinks,
+    PortInfo,
+    SerialProvider,
+    enumeration_pass,
+    port_observation,
+    stable_links,
+)
 
 WORKER = "sensorium-usb-enumeration"
 FTDI, ARDUINO = (0x0403, 0x6001), (0x2341, 0x0043)
@@ -272,6 +282,81 @@ def test_a_port_carries_its_by_id_link_as_its_stable_path(tmp_path: Path) -> Non
     plain = port_observation(Port("/dev/ttyUSB9", *FTDI), links)
     assert plain is not None and plain.stable_path is None
     assert transport_address(plain) == "/dev/ttyUSB9"
+
+
+def test_by_id_links_are_read_again_only_when_the_directory_changed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reads: list[str] = []
+    real_read = serial_module.stable_links
+
+    def counted(directory: str = serial_module.BY_ID_DIR) -> dict[str, str]:
+        reads.append(directory)
+        return real_read(directory)
+
+    monkeypatch.setattr(serial_module, "stable_links", counted)
+    by_id, first, second = tmp_path / "by-id", tmp_path / "ttyUSB0", tmp_path / "ttyUSB1"
+    first.touch()
+    second.touch()
+    links = ByIdLinks(str(by_id))
+    assert links() == {} and reads == []  # no directory yet: nothing to list
+    by_id.mkdir()
+    link = by_id / "usb-FTDI_FT232R_USB_UART_A50285BI-if00-port0"
+    link.symlink_to(first)
+    settled = time.time_ns() - 10_000_000_000
+    os.utime(by_id, ns=(settled, settled))
+    assert links() == {str(first): str(link)} and len(reads) == 1
+    assert links() == {str(first): str(link)} and len(reads) == 1  # unchanged: not listed again
+    # Replug: udev removes the link and makes it again, now pointing at the device's new node.
+    link.unlink()
+    link.symlink_to(second)
+    assert links() == {str(second): str(link)} and len(reads) == 2
+    assert links() == {str(second): str(link)} and len(reads) == 3  # changed just now: not trusted yet
+    os.utime(by_id, ns=(settled + 1, settled + 1))
+    links()
+    assert links() == {str(second): str(link)} and len(reads) == 4
+    link.unlink()
+    by_id.rmdir()
+    assert links() == {} and len(reads) == 4
+
+
+def test_a_settled_directory_changed_within_one_timestamp_tick_is_still_read_again(tmp_path: Path) -> None:
+    by_id, node = tmp_path / "by-id", tmp_path / "ttyUSB0"
+    by_id.mkdir()
+    node.touch()
+    now = [time.time_ns()]
+    links = ByIdLinks(str(by_id), clock_ns=lambda: now[0])
+    mtime = by_id.stat().st_mtime_ns
+    assert links() == {}
+    (by_id / "late-link").symlink_to(node)
+    os.utime(by_id, ns=(mtime, mtime))  # the change kept the mtime, as within one coarse tick
+    now[0] += 10_000_000_000
+    assert links() == {str(node): str(by_id / "late-link")}  # the first read was too fresh to keep
+
+
+@pytest.mark.asyncio
+async def test_a_pass_is_matched_against_the_scope_once_per_port(monkeypatch: pytest.MonkeyPatch) -> None:
+    checked: list[str] = []
+    real_matcher = providers_base.scope_matcher
+
+    def counting_matcher(scope: DiscoveryScope) -> Callable[[Observation], bool]:
+        rule = real_matcher(scope)
+
+        def check(observation: Observation) -> bool:
+            assert isinstance(observation, UsbObservation)
+            checked.append(observation.device)
+            return rule(observation)
+
+        return check
+
+    monkeypatch.setattr(providers_base, "scope_matcher", counting_matcher)
+    sink = Sink()
+    provider = SerialProvider(poll_interval_s=0.05, enumerate_ports=lambda: [CONSOLE, USB0, ACM0])
+    session = await provider.start(usb_scope(ScopeFilter(vid_pid=(FTDI,))), sink)
+    await wait_until(lambda: len(sink.observations) >= 3)
+    await session.stop()
+    assert {o.device for o in sink.observations} == {USB0.device}
+    assert 2 * len(sink.observations) <= len(checked) <= 2 * len(sink.observations) + 2  # USB0, ACM0 once
 
 
 @pytest.mark.parametrize(

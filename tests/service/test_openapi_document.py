@@ -17,7 +17,7 @@ from openapi_python_client.schema import OpenAPI
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
 
-from connector.api.openapi import COMPONENTS, RETRY_AFTER_CODES, component_name
+from connector.api.openapi import ADMISSION_REFUSALS, COMPONENTS, RETRY_AFTER_CODES, component_name
 from connector.contract.schemas import schema_document, schema_files, schema_names, wire_validator
 from connector.errors import HTTP_STATUS_BY_CODE
 
@@ -89,6 +89,22 @@ async def test_every_operation_declares_its_answers(tmp_path: Path) -> None:
             assert all(HTTP_STATUS_BY_CODE[code] == int(status) for code in codes)
             if set(codes) & RETRY_AFTER_CODES:
                 assert "Retry-After" in response["headers"]
+
+
+def _refusal_codes(operation: dict[str, Any]) -> set[str]:
+    return {
+        code
+        for status, response in operation["responses"].items()
+        if int(status) >= 400
+        for code in response["content"]["application/json"]["schema"]["properties"]["code"]["enum"]
+    }
+
+
+@pytest.mark.asyncio
+async def test_both_admission_routes_declare_the_one_admission_refusal_list(tmp_path: Path) -> None:
+    paths = (await served(tmp_path))["paths"]
+    invoke, admit = paths["/v1/directives"]["post"], paths["/v1/host/directives"]["post"]
+    assert _refusal_codes(invoke) == _refusal_codes(admit) == set(ADMISSION_REFUSALS)
 
 
 @pytest.mark.asyncio
