@@ -133,6 +133,8 @@ class BaseSession(ABC):
                 refusal = await asyncio.shield(attempt)
         except TimeoutError:
             refusal = "stop-timeout"
+        except Exception:  # a backend bug counts as a refusal: only StopUnconfirmed leaves stop()
+            refusal = "backend-error"
         outcome = StopOutcome.ACKNOWLEDGED
         if refusal is not None:
             if not await self._bounded_proof():
@@ -147,7 +149,7 @@ class BaseSession(ABC):
             return attempt
         if attempt is not None and not attempt.done():
             attempt.cancel()
-        elif attempt is not None and not attempt.cancelled() and attempt.result() is None:
+        elif attempt is not None and _acknowledged(attempt):
             return attempt
         self._attempt = asyncio.ensure_future(self._stop_backend())
         return self._attempt
@@ -165,6 +167,11 @@ class BaseSession(ABC):
     async def _prove_stopped(self) -> bool:
         """A qualified proof that the session ended although the backend did not say so (default: none)."""
         return False
+
+
+def _acknowledged(attempt: asyncio.Future[str | None]) -> bool:
+    """A finished attempt that acknowledged; one that raised or was cancelled counts as a refusal."""
+    return not attempt.cancelled() and attempt.exception() is None and attempt.result() is None
 
 
 def _rule(refusal: str) -> list[dict[str, str]]:

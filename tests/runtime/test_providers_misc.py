@@ -11,6 +11,7 @@ import pytest
 
 from connector.errors import AdmissionError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
 from connector.runtime.claims import ClaimRegistry, claim_key
+from providers.base import BaseSession, StopOutcome
 from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, StopStep
 from providers.registry import build_provider
 from providers.replay import FixtureError, ReplayProvider
@@ -155,3 +156,27 @@ def test_concurrent_backends_skip_the_claim_and_release_never_frees_another_hold
     claims.release(shared)
     assert claims.is_held(held)
     assert claims.retry_after_seconds(key, now_ms=10) == 1
+
+
+class _RaisingThenAcking(BaseSession):
+    """A backend whose first stop attempt raises (a bug) and whose second acknowledges."""
+
+    def __init__(self) -> None:
+        super().__init__(ble_scope(), RecordingSink())
+        self.attempts = 0
+
+    async def _stop_backend(self) -> str | None:
+        self.attempts += 1
+        if self.attempts == 1:
+            raise RuntimeError("backend bug")
+        return None
+
+
+@pytest.mark.asyncio
+async def test_a_stop_attempt_that_raised_counts_as_a_refusal_and_a_new_one_starts() -> None:
+    session = _RaisingThenAcking()
+    with pytest.raises(StopUnconfirmed) as unconfirmed:
+        await session.stop()
+    assert list(unconfirmed.value.diagnostics) == [{"code": "provider-stop", "message": "backend-error"}]
+    assert await session.stop() is StopOutcome.ACKNOWLEDGED
+    assert session.attempts == 2
