@@ -14,7 +14,6 @@ translates native data into observations (`deliver`), reports failures (`fail`) 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from enum import StrEnum
@@ -155,10 +154,11 @@ class BaseSession(ABC):
         return self._attempt
 
     async def _bounded_proof(self) -> bool:
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(PROOF_BOUND_MS / 1000):
                 return await self._prove_stopped()
-        return False
+        except Exception:  # timed out, or the proof itself failed: not proven either way
+            return False
 
     @abstractmethod
     async def _stop_backend(self) -> str | None:

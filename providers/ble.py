@@ -138,6 +138,11 @@ class BusLink:
         """Return once the bus daemon reported `name` released."""
         await self._gone.setdefault(name, asyncio.Event()).wait()
 
+    def is_gone(self, name: str) -> bool:
+        """True once the release of `name` was seen."""
+        event = self._gone.get(name)
+        return event is not None and event.is_set()
+
     def forget(self, name: str) -> None:
         """Stop tracking a name (its session is over)."""
         self._gone.pop(name, None)
@@ -148,8 +153,11 @@ class BusLink:
             reply = await self._call(_method(BLUEZ, "/org/bluez", INTROSPECT_IFACE, "Introspect"))
         except (OSError, DBusFastError, EOFError):
             return False
-        return reply.message_type != MessageType.ERROR or reply.error_name not in (
-            "org.freedesktop.DBus.Error.NoReply",
+        # An error counts only from bluetoothd itself, or the bus daemon saying nobody owns org.bluez.
+        return (
+            reply.message_type != MessageType.ERROR
+            or reply.sender != DBUS
+            or reply.error_name in _NO_BLUETOOTHD
         )
 
     async def default_adapter(self) -> str | None:
@@ -264,6 +272,9 @@ class BleSession(BaseSession):
                 await self._dispatch(payload)
         except (asyncio.IncompleteReadError, ConnectionError, OSError, DBusFastError, EOFError):
             pass  # the worker exited, or our own bus link failed: either way this session is over
+        except Exception:
+            # Fixed text only, and the exception is not kept: its text could quote a device address.
+            self._failed(ProviderError("the BLE worker sent a frame that could not be handled"))
         finally:
             self._on_exit()
 
@@ -337,6 +348,9 @@ class BleSession(BaseSession):
         """Kill and reap the worker, see its bus name released, then one answered round trip to BlueZ."""
         await self._kill()
         if self.unique_name is not None:
+            if not self._link.is_gone(self.unique_name):
+                # A reconnected link lost the match rule: watch again, and ask the bus whether it is gone.
+                await self._link.watch_name(self.unique_name)
             await self._link.name_gone(self.unique_name)
         if not await self._link.bluez_answers():
             return False
@@ -352,8 +366,7 @@ class BleSession(BaseSession):
                 proc.kill()
         await proc.wait()
         if self._reader is not None:
-            with contextlib.suppress(BaseException):
-                await self._reader
+            await asyncio.wait({self._reader})
 
     def _forget(self) -> None:
         """The session is over: stop tracking its name and let go of the link (once)."""

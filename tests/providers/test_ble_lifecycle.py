@@ -9,11 +9,12 @@ import time
 
 import pytest
 from bluez_mock import BluezController, RecordingSink, bluez
+from dbus_fast import Message, MessageType
 
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from connector.errors import ProviderError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
 from providers.base import PROOF_BOUND_MS, StopOutcome
-from providers.ble import BleProvider, BleSession
+from providers.ble import BleProvider, BleSession, BusLink
 
 __all__ = ["bluez"]  # the fixture, imported above
 
@@ -301,3 +302,71 @@ async def test_another_adapter_going_away_does_not_touch_the_session(bluez: Blue
     await sink.wait_for(lambda o: o.address == DEV_A)
     await session.stop()
     assert sink.failures == []
+
+
+# ------------------------------------------------------------------------------------------- proof
+
+
+@pytest.mark.asyncio
+async def test_the_proof_holds_after_the_connectors_bus_link_reconnected(bluez: BluezController) -> None:
+    session = await BleProvider().start(ble_scope(cleanup_timeout_ms=300), RecordingSink())
+    assert isinstance(session, BleSession)
+    bluez.stall_stop(session.unique_name)
+    # Our connection drops; the next call reconnects, without the match rule for the worker's name.
+    session._link.close()
+    assert await session.stop() is StopOutcome.PROVEN
+    assert bluez.clients() == []
+
+
+class _ScriptedLink(BusLink):
+    """A link whose Introspect round trip gets the one scripted reply."""
+
+    def __init__(self, reply: Message) -> None:
+        super().__init__()
+        self._reply = reply
+
+    async def _call(self, msg: Message) -> Message:
+        return self._reply
+
+
+def _error_from(sender: str, name: str) -> Message:
+    return Message(message_type=MessageType.ERROR, sender=sender, error_name=name, reply_serial=1)
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize(
+    ("reply", "answered"),
+    [
+        (Message(message_type=MessageType.METHOD_RETURN, sender=":1.7", reply_serial=1), True),
+        (_error_from(":1.7", "org.freedesktop.DBus.Error.UnknownMethod"), True),  # bluetoothd itself
+        (_error_from("org.freedesktop.DBus", "org.freedesktop.DBus.Error.ServiceUnknown"), True),
+        (_error_from("org.freedesktop.DBus", "org.freedesktop.DBus.Error.NameHasNoOwner"), True),
+        (_error_from("org.freedesktop.DBus", "org.freedesktop.DBus.Error.NoReply"), False),
+        (_error_from("org.freedesktop.DBus", "org.freedesktop.DBus.Error.LimitsExceeded"), False),
+        (_error_from("org.freedesktop.DBus", "org.freedesktop.DBus.Error.AccessDenied"), False),
+    ],
+)
+async def test_only_bluetoothd_or_its_absence_answers_the_round_trip(reply: Message, answered: bool) -> None:
+    assert await _ScriptedLink(reply).bluez_answers() is answered
+
+
+@pytest.mark.asyncio
+async def test_a_frame_the_reader_cannot_handle_fails_the_session_with_fixed_text(
+    bluez: BluezController, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    sink = RecordingSink()
+    session = await BleProvider().start(ble_scope(cleanup_timeout_ms=300), sink)
+    assert isinstance(session, BleSession)
+
+    async def broken(payload: bytes) -> None:
+        raise ValueError(f"bad frame from {DEV_A}")
+
+    monkeypatch.setattr(session, "_dispatch", broken)
+    bluez.add_device(DEV_A, service_uuids=[HEART])
+    failure = await sink.wait_for_failure()
+    assert type(failure) is ProviderError and failure.code == "provider-failure"
+    assert_no_echo(failure, DEV_A)
+    assert session._reader is not None
+    await asyncio.wait({session._reader})
+    assert session._reader.exception() is None  # nothing left for asyncio to log
+    assert await session.stop() is StopOutcome.PROVEN
