@@ -14,10 +14,14 @@ translates native data into observations (`deliver`), reports failures (`fail`) 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+import anyio
 
 from connector.core.observations import Observation, Transport
 from connector.core.scope import DiscoveryScope, scope_matcher
@@ -167,6 +171,30 @@ class BaseSession(ABC):
     async def _prove_stopped(self) -> bool:
         """A qualified proof that the session ended although the backend did not say so (default: none)."""
         return False
+
+
+class StartUnconfirmed(ProviderError):
+    """A start failed after the backend may have begun, with no proof: the session still needs its stop."""
+
+    def __init__(self, message: str, session: ProviderSession) -> None:
+        super().__init__(message)
+        self.session = session
+
+
+_T = TypeVar("_T")
+
+
+async def settle(awaitable: Awaitable[_T]) -> _T:
+    """Run cleanup to its end even when the caller is cancelled meanwhile (asyncio or anyio).
+
+    A cancellation that arrives meanwhile is absorbed: callers are failure paths that raise afterwards.
+    """
+    task = asyncio.ensure_future(awaitable)
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+    return task.result()
 
 
 def _acknowledged(attempt: asyncio.Future[str | None]) -> bool:

@@ -33,7 +33,14 @@ from dbus_fast.errors import DBusFastError
 from connector.core.observations import BleObservation
 from connector.core.scope import DiscoveryScope, backend_filter_hint
 from connector.errors import ProviderError, ProviderRestarted, ProviderUnavailable
-from providers.base import BaseSession, ObservationSink, ProviderCapabilities, ProviderSession
+from providers.base import (
+    BaseSession,
+    ObservationSink,
+    ProviderCapabilities,
+    ProviderSession,
+    StartUnconfirmed,
+    settle,
+)
 from providers.ble_worker import ADAPTER_IFACE, BLUEZ, DBUS, STOP, config_frame
 
 OBJECT_MANAGER_IFACE = "org.freedesktop.DBus.ObjectManager"
@@ -253,12 +260,30 @@ class BleSession(BaseSession):
             async with asyncio.timeout(_START_BOUND_S):
                 await asyncio.shield(self._started)
         except BaseException:
-            await self._kill()
-            self._forget()
+            if not await settle(self._abandon()):
+                raise StartUnconfirmed(
+                    "the BLE discovery may have started and was not proven stopped", self
+                ) from None
             raise
         self.opened()
         if self._early_failure is not None:  # reported between "ready" and this point
             self.fail(self._early_failure)
+
+    async def _abandon(self) -> bool:
+        """After a failed start: True when nothing is left (the worker never reached the bus, or proven)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_EXIT_BOUND_S):
+                await self._kill()
+        if not self._started.done():
+            self._started.cancel()
+        elif not self._started.cancelled():
+            self._started.exception()  # the failure being raised already: nothing left to log it
+        reaped = self._proc is None or self._proc.returncode is not None
+        # Without a bus name reported (and drained from the pipe) the worker never asked BlueZ for anything.
+        if (reaped and self.unique_name is None) or await self._bounded_proof():
+            self._forget()
+            return True
+        return False
 
     async def _read(self) -> None:
         """Frames from the worker until it exits."""

@@ -266,6 +266,10 @@ class BluezController:
         """Make StartDiscovery answer with a D-Bus error."""
         self.control("fail_start", error=error)
 
+    def wedge_after_start(self) -> None:
+        """The next StartDiscovery starts the session, then bluetoothd hangs before it replies (`wedge`)."""
+        self.control("wedge_after_start")
+
     def power_off_during_start(self) -> None:
         """StartDiscovery succeeds, but the adapter powers off right after."""
         self.control("power_off_on_start")

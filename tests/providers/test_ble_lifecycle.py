@@ -13,7 +13,7 @@ from dbus_fast import Message, MessageType
 
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from connector.errors import ProviderError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
-from providers.base import PROOF_BOUND_MS, StopOutcome
+from providers.base import PROOF_BOUND_MS, StartUnconfirmed, StopOutcome
 from providers.ble import BleProvider, BleSession, BusLink
 
 __all__ = ["bluez"]  # the fixture, imported above
@@ -305,6 +305,36 @@ async def test_another_adapter_going_away_does_not_touch_the_session(bluez: Blue
 
 
 # ------------------------------------------------------------------------------------------- proof
+
+
+@pytest.mark.asyncio
+async def test_a_start_cut_off_after_start_discovery_hands_back_the_unproven_session(
+    bluez: BluezController,
+) -> None:
+    bluez.wedge_after_start()
+    with pytest.raises(StartUnconfirmed) as caught:
+        async with asyncio.timeout(0.5):  # the connector's timeout cuts the start
+            await BleProvider().start(ble_scope(cleanup_timeout_ms=300), RecordingSink())
+    session = caught.value.session
+    assert isinstance(session, BleSession) and session.unique_name is not None
+    assert bluez.clients() == [session.unique_name]  # wedged: the worker's discovery session stays
+    with pytest.raises(StopUnconfirmed):
+        await session.stop()
+    bluez.unwedge()
+    assert await session.stop() is StopOutcome.PROVEN
+    assert bluez.clients() == []
+
+
+@pytest.mark.asyncio
+async def test_a_start_cut_off_before_the_worker_reached_the_bus_leaves_nothing(
+    bluez: BluezController,
+) -> None:
+    bluez.wedge()  # bleak's first GetManagedObjects hangs: no bus name reported, nothing asked of BlueZ
+    with pytest.raises(TimeoutError):
+        async with asyncio.timeout(0.5):
+            await BleProvider().start(ble_scope(adapter="hci0"), RecordingSink())
+    bluez.unwedge()
+    assert bluez.clients() == []
 
 
 @pytest.mark.asyncio

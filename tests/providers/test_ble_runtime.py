@@ -65,6 +65,7 @@ async def start_scan(
     *,
     adapter: str | None = None,
     profile: DiscoveryProfile = PROFILE,
+    timeout_ms: int | None = None,
 ) -> str:
     operation_id = random_operation_id(OPERATION_KIND, secrets.token_bytes(16))
     now = wall_clock_ms()
@@ -78,7 +79,7 @@ async def start_scan(
         now_ms=now,
         window_end_ms=now + window_ms,
         cut_by_deadline=False,
-        timeout_ms=None,
+        timeout_ms=timeout_ms,
         expires_at_ms=now + 60_000,
         causal_context=None,
     )
@@ -190,6 +191,31 @@ async def test_a_wedged_bluetoothd_holds_the_claim_until_it_answers(bluez: Bluez
         assert after["status"] == "failed"  # a terminal status never changes
         assert after["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert after["diagnostics"] == [{"code": "stop-by-disconnect"}]
+        assert bluez.clients() == []
+
+
+@pytest.mark.asyncio
+async def test_a_start_cut_off_while_bluetoothd_hangs_holds_the_claim_until_proven(
+    bluez: BluezController,
+) -> None:
+    bluez.wedge_after_start()  # StartDiscovery took effect, but its reply never comes
+    async with new_manager() as manager:
+        operation_id = await start_scan(manager, timeout_ms=500)
+        polls = await poll_until(manager, operation_id, lambda s: s["status"] not in ("pending", "running"))
+        final = polls[-1]
+        assert final["status"] == "failed"
+        assert final["error"]["code"] == "cleanup-unconfirmed"
+        assert final["cleanup"] == {"state": "uncertain", "claim": "held"}
+        assert manager.claims.holder(claim_key("ble", "hci0")) == operation_id
+        assert len(bluez.clients()) == 1  # the killed worker's discovery session: bluetoothd is wedged
+        assert_valid(polls)
+        bluez.unwedge()  # bluetoothd handles the disconnect; the background retry's proof holds
+        with anyio.fail_after(5):
+            while manager.claims.holder(claim_key("ble", "hci0")) is not None:
+                await anyio.sleep(0.05)
+        after = manager.status(operation_id)
+        assert after["status"] == "failed"
+        assert after["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert bluez.clients() == []
 
 
