@@ -80,35 +80,27 @@ def _method(dest: str, path: str, iface: str, member: str, sig: str = "", *args:
 
 
 class BusLink:
-    """The connector's own system-bus connection: adapter lookup, worker name watch, round trips to BlueZ."""
+    """The connector's own system-bus connection: adapter lookup, worker name watch, round trips to BlueZ.
+
+    It stays open for the event loop's life (one connect, not one per scan); a dead one reconnects.
+    """
 
     def __init__(self) -> None:
         self._bus: MessageBus | None = None
         self._lock = asyncio.Lock()
         self._gone: dict[str, asyncio.Event] = {}
-        self._users = 0
         # The last default seen: a bluetoothd that does not answer now still had this one powered first.
         self.last_default: str | None = None
-
-    def hold(self) -> None:
-        """One more user (a session, an adapter lookup); the connection stays open while any holds it."""
-        self._users += 1
-
-    def drop(self) -> None:
-        """One user fewer; the last one closes the connection."""
-        self._users = max(0, self._users - 1)
-        if self._users == 0:
-            self.close()
 
     def close(self) -> None:
         """Disconnect now."""
         bus, self._bus = self._bus, None
         if bus is None:
             return
-        try:
+        with contextlib.suppress(Exception):
             bus.disconnect()
-        except Exception:
-            # Its event loop is closed already: release the socket as bleak does for such a bus.
+        if not bus._loop.is_running():
+            # No loop will see the disconnect: release the socket now, as bleak does for such a bus.
             with contextlib.suppress(Exception):
                 bus._finalize(None)
 
@@ -196,6 +188,12 @@ def bus_link() -> BusLink:
     return link
 
 
+def close_links() -> None:
+    """Close every link (the end of the process, or of a test's event loop)."""
+    while _links:
+        _links.popitem()[1].close()
+
+
 def _start_error(code: str, rule: str) -> ProviderError:
     diagnostics = [{"code": "ble-backend", "message": rule}]
     if code == "provider-unavailable":
@@ -227,7 +225,6 @@ class BleSession(BaseSession):
         self._stop_answer: asyncio.Future[str | None] | None = None
         self.unique_name: str | None = None
         self._exited = False
-        self._released = False
         self._early_failure: ProviderError | None = None
 
     @property
@@ -243,7 +240,6 @@ class BleSession(BaseSession):
             "scope": self.scope,
             "coalesce": self._coalesce,
         }
-        self._link.hold()
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -394,12 +390,9 @@ class BleSession(BaseSession):
             await asyncio.wait({self._reader})
 
     def _forget(self) -> None:
-        """The session is over: stop tracking its name and let go of the link (once)."""
+        """The session is over: stop tracking its name."""
         if self.unique_name is not None:
             self._link.forget(self.unique_name)
-        if not self._released:
-            self._released = True
-            self._link.drop()
 
 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:
@@ -439,14 +432,11 @@ class BleProvider:
         if name is not None:
             return name
         link = self._link()
-        link.hold()
         try:
             async with asyncio.timeout(1.0):
                 return await link.default_adapter()
         except (TimeoutError, OSError, DBusFastError, EOFError):
             return link.last_default
-        finally:
-            link.drop()
 
     async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> ProviderSession:
         """Start one discovery session on the scope's adapter (else ours, else the first powered one)."""

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -85,6 +85,8 @@ class SessionSpec:
     expires_at_ms: int | None
     causal_context: Mapping[str, Any] | None
     retry_after_seconds: int
+    # The adapter the claim is keyed by: the provider starts on this one resolution, not a second one.
+    adapter: str | None = None
 
 
 class _Sink:
@@ -299,7 +301,7 @@ class DiscoverySession:
         """pending -> running once the provider started; False when the session already concluded."""
         with anyio.move_on_after(self._seconds_until(self._hard_deadline_ms())) as cut:
             try:
-                self._provider_session = await self.provider.start(self.spec.scope, self.sink)
+                self._provider_session = await self.provider.start(self._provider_scope(), self.sink)
             except StartUnconfirmed as error:  # the backend may run: held as uncertain, retried in background
                 self._provider_session = error.session
                 cause, code = self._cut_cause() if cut.cancel_called else (EndCause.FAILURE, error.code)
@@ -321,6 +323,11 @@ class DiscoverySession:
         # The start was cut off by the connector timeout or expiry; its cancellation unwound it.
         self._conclude_unstarted(*self._cut_cause())
         return False
+
+    def _provider_scope(self) -> DiscoveryScope:
+        """The scope as admitted, on the adapter its claim is keyed by (the status keeps the scope as asked)."""
+        adapter = self.spec.adapter
+        return self.spec.scope if adapter is None else replace(self.spec.scope, adapter=adapter)
 
     def _cut_cause(self) -> tuple[EndCause, str | None]:
         """Why a start was cut off: expiry, else the connector timeout."""

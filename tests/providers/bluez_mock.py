@@ -27,6 +27,8 @@ import dbus.bus
 import dbus.exceptions
 import pytest
 
+from providers.ble import close_links
+
 ENV_VAR = "DBUS_SYSTEM_BUS_ADDRESS"
 EMULATOR = Path(__file__).with_name("bluez_emu.py")
 CONTROL_PATH = "/org/bluez/emulator"
@@ -434,4 +436,5 @@ def bluez() -> Iterator[BluezController]:
         finally:
             with contextlib.suppress(dbus.exceptions.DBusException):
                 controller.lift_stall()
+            close_links()  # the connector's link outlives its sessions; the test's loop does not
             controller.close()

@@ -331,3 +331,17 @@ async def test_a_burst_of_adverts_reaches_the_sink_complete_and_in_order(bluez: 
     assert seen[-1] == -7 and 1 <= len(seen) <= len(values)
     positions = iter(range(len(values)))
     assert all(any(values[i] == rssi for i in positions) for rssi in seen)
+
+
+@pytest.mark.asyncio
+async def test_the_connectors_bus_link_stays_connected_across_sessions(bluez: BluezController) -> None:
+    provider = BleProvider()
+    first = await provider.start(ble_scope(service_uuids=(HEART,)), RecordingSink())
+    assert isinstance(first, BleSession)
+    await first.stop()
+    bus = first._link._bus
+    assert bus is not None and bus.connected  # no reconnect (and no lost match rules) per scan
+    second = await provider.start(ble_scope(service_uuids=(HEART,)), RecordingSink())
+    assert isinstance(second, BleSession) and second._link is first._link
+    await second.stop()
+    assert first._link._bus is bus

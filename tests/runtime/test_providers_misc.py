@@ -9,12 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from connector.core.scope import DiscoveryScope
 from connector.errors import AdmissionError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
 from connector.runtime.claims import ClaimRegistry, claim_key
-from providers.base import BaseSession, StopOutcome
+from providers.base import BaseSession, ObservationSink, ProviderSession, StopOutcome
 from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, StopStep
 from providers.registry import build_provider
 from providers.replay import FixtureError, ReplayProvider
+from runtime.sessions import fast_manager, poll_to_end, start
 from runtime.support import RecordingSink, ble_scope, other_tasks, stranger, strap
 
 # ---- fault provider --------------------------------------------------------------------------------------
@@ -180,3 +182,31 @@ async def test_a_stop_attempt_that_raised_counts_as_a_refusal_and_a_new_one_star
     assert list(unconfirmed.value.diagnostics) == [{"code": "provider-stop", "message": "backend-error"}]
     assert await session.stop() is StopOutcome.ACKNOWLEDGED
     assert session.attempts == 2
+
+
+class _ResolvingProvider(FaultProvider):
+    """A provider whose default adapter changes between lookups (as a hot-plugged one can)."""
+
+    def __init__(self) -> None:
+        super().__init__(fault=Fault(stop_plan=(ACK,)))
+        self.defaults = iter(["hci1", "hci0"])
+        self.started_on: list[str | None] = []
+
+    async def resolve_adapter(self, scope: DiscoveryScope) -> str | None:
+        return scope.adapter or next(self.defaults)
+
+    async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> ProviderSession:
+        self.started_on.append(scope.adapter)
+        return await super().start(scope, sink)
+
+
+@pytest.mark.asyncio
+async def test_the_session_starts_on_the_adapter_its_claim_is_keyed_by() -> None:
+    provider = _ResolvingProvider()
+    async with fast_manager() as manager:
+        handle = await start(manager, provider, window_ms=50)
+        assert manager.claims.holder(claim_key("ble", "hci1")) == handle.operation_id
+        polls = await poll_to_end(manager, handle.operation_id)
+    assert provider.started_on == ["hci1"]
+    assert polls[-1]["status"] == "completed"
+    assert handle.scope.adapter is None  # the session's metadata keeps the scope as it was asked
