@@ -325,7 +325,7 @@ class DiscoverySession:
         return False
 
     def _provider_scope(self) -> DiscoveryScope:
-        """The scope as admitted, on the adapter its claim is keyed by (the status keeps the scope as asked)."""
+        """The admitted scope on the adapter its claim is keyed by (the status keeps the scope as asked)."""
         adapter = self.spec.adapter
         return self.spec.scope if adapter is None else replace(self.spec.scope, adapter=adapter)
 
