@@ -16,9 +16,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from abc import ABC, abstractmethod
+from collections.abc import Awaitable
 from dataclasses import dataclass
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, TypeVar
+
+import anyio
 
 from connector.core.observations import Observation, Transport
 from connector.core.scope import DiscoveryScope, scope_matcher
@@ -133,6 +136,8 @@ class BaseSession(ABC):
                 refusal = await asyncio.shield(attempt)
         except TimeoutError:
             refusal = "stop-timeout"
+        except Exception:  # a backend bug counts as a refusal: only StopUnconfirmed leaves stop()
+            refusal = "backend-error"
         outcome = StopOutcome.ACKNOWLEDGED
         if refusal is not None:
             if not await self._bounded_proof():
@@ -147,16 +152,17 @@ class BaseSession(ABC):
             return attempt
         if attempt is not None and not attempt.done():
             attempt.cancel()
-        elif attempt is not None and not attempt.cancelled() and attempt.result() is None:
+        elif attempt is not None and _acknowledged(attempt):
             return attempt
         self._attempt = asyncio.ensure_future(self._stop_backend())
         return self._attempt
 
     async def _bounded_proof(self) -> bool:
-        with contextlib.suppress(TimeoutError):
+        try:
             async with asyncio.timeout(PROOF_BOUND_MS / 1000):
                 return await self._prove_stopped()
-        return False
+        except Exception:  # timed out, or the proof itself failed: not proven either way
+            return False
 
     @abstractmethod
     async def _stop_backend(self) -> str | None:
@@ -165,6 +171,35 @@ class BaseSession(ABC):
     async def _prove_stopped(self) -> bool:
         """A qualified proof that the session ended although the backend did not say so (default: none)."""
         return False
+
+
+class StartUnconfirmed(ProviderError):
+    """A start failed after the backend may have begun, with no proof: the session still needs its stop."""
+
+    def __init__(self, message: str, session: ProviderSession) -> None:
+        super().__init__(message)
+        self.session = session
+
+
+_T = TypeVar("_T")
+
+
+async def settle(awaitable: Awaitable[_T]) -> _T:
+    """Run cleanup to its end even when the caller is cancelled meanwhile (asyncio or anyio).
+
+    A cancellation that arrives meanwhile is absorbed: callers are failure paths that raise afterwards.
+    """
+    task = asyncio.ensure_future(awaitable)
+    with anyio.CancelScope(shield=True):
+        while not task.done():
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.wait({task})
+    return task.result()
+
+
+def _acknowledged(attempt: asyncio.Future[str | None]) -> bool:
+    """A finished attempt that acknowledged; one that raised or was cancelled counts as a refusal."""
+    return not attempt.cancelled() and attempt.exception() is None and attempt.result() is None
 
 
 def _rule(refusal: str) -> list[dict[str, str]]:

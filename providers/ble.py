@@ -33,7 +33,14 @@ from dbus_fast.errors import DBusFastError
 from connector.core.observations import BleObservation
 from connector.core.scope import DiscoveryScope, backend_filter_hint
 from connector.errors import ProviderError, ProviderRestarted, ProviderUnavailable
-from providers.base import BaseSession, ObservationSink, ProviderCapabilities, ProviderSession
+from providers.base import (
+    BaseSession,
+    ObservationSink,
+    ProviderCapabilities,
+    ProviderSession,
+    StartUnconfirmed,
+    settle,
+)
 from providers.ble_worker import ADAPTER_IFACE, BLUEZ, DBUS, STOP, config_frame
 
 OBJECT_MANAGER_IFACE = "org.freedesktop.DBus.ObjectManager"
@@ -73,35 +80,27 @@ def _method(dest: str, path: str, iface: str, member: str, sig: str = "", *args:
 
 
 class BusLink:
-    """The connector's own system-bus connection: adapter lookup, worker name watch, round trips to BlueZ."""
+    """The connector's own system-bus connection: adapter lookup, worker name watch, round trips to BlueZ.
+
+    It stays open for the event loop's life (one connect, not one per scan); a dead one reconnects.
+    """
 
     def __init__(self) -> None:
         self._bus: MessageBus | None = None
         self._lock = asyncio.Lock()
         self._gone: dict[str, asyncio.Event] = {}
-        self._users = 0
         # The last default seen: a bluetoothd that does not answer now still had this one powered first.
         self.last_default: str | None = None
-
-    def hold(self) -> None:
-        """One more user (a session, an adapter lookup); the connection stays open while any holds it."""
-        self._users += 1
-
-    def drop(self) -> None:
-        """One user fewer; the last one closes the connection."""
-        self._users = max(0, self._users - 1)
-        if self._users == 0:
-            self.close()
 
     def close(self) -> None:
         """Disconnect now."""
         bus, self._bus = self._bus, None
         if bus is None:
             return
-        try:
+        with contextlib.suppress(Exception):
             bus.disconnect()
-        except Exception:
-            # Its event loop is closed already: release the socket as bleak does for such a bus.
+        if not bus._loop.is_running():
+            # No loop will see the disconnect: release the socket now, as bleak does for such a bus.
             with contextlib.suppress(Exception):
                 bus._finalize(None)
 
@@ -138,6 +137,11 @@ class BusLink:
         """Return once the bus daemon reported `name` released."""
         await self._gone.setdefault(name, asyncio.Event()).wait()
 
+    def is_gone(self, name: str) -> bool:
+        """True once the release of `name` was seen."""
+        event = self._gone.get(name)
+        return event is not None and event.is_set()
+
     def forget(self, name: str) -> None:
         """Stop tracking a name (its session is over)."""
         self._gone.pop(name, None)
@@ -148,8 +152,11 @@ class BusLink:
             reply = await self._call(_method(BLUEZ, "/org/bluez", INTROSPECT_IFACE, "Introspect"))
         except (OSError, DBusFastError, EOFError):
             return False
-        return reply.message_type != MessageType.ERROR or reply.error_name not in (
-            "org.freedesktop.DBus.Error.NoReply",
+        # An error counts only from bluetoothd itself, or the bus daemon saying nobody owns org.bluez.
+        return (
+            reply.message_type != MessageType.ERROR
+            or reply.sender != DBUS
+            or reply.error_name in _NO_BLUETOOTHD
         )
 
     async def default_adapter(self) -> str | None:
@@ -179,6 +186,12 @@ def bus_link() -> BusLink:
     if link is None:
         link = _links[key] = BusLink()
     return link
+
+
+def close_links() -> None:
+    """Close every link (the end of the process, or of a test's event loop)."""
+    while _links:
+        _links.popitem()[1].close()
 
 
 def _start_error(code: str, rule: str) -> ProviderError:
@@ -212,7 +225,6 @@ class BleSession(BaseSession):
         self._stop_answer: asyncio.Future[str | None] | None = None
         self.unique_name: str | None = None
         self._exited = False
-        self._released = False
         self._early_failure: ProviderError | None = None
 
     @property
@@ -228,7 +240,6 @@ class BleSession(BaseSession):
             "scope": self.scope,
             "coalesce": self._coalesce,
         }
-        self._link.hold()
         try:
             self._proc = await asyncio.create_subprocess_exec(
                 sys.executable,
@@ -245,12 +256,30 @@ class BleSession(BaseSession):
             async with asyncio.timeout(_START_BOUND_S):
                 await asyncio.shield(self._started)
         except BaseException:
-            await self._kill()
-            self._forget()
+            if not await settle(self._abandon()):
+                raise StartUnconfirmed(
+                    "the BLE discovery may have started and was not proven stopped", self
+                ) from None
             raise
         self.opened()
         if self._early_failure is not None:  # reported between "ready" and this point
             self.fail(self._early_failure)
+
+    async def _abandon(self) -> bool:
+        """After a failed start: True when nothing is left (the worker never reached the bus, or proven)."""
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_EXIT_BOUND_S):
+                await self._kill()
+        if not self._started.done():
+            self._started.cancel()
+        elif not self._started.cancelled():
+            self._started.exception()  # the failure being raised already: nothing left to log it
+        reaped = self._proc is None or self._proc.returncode is not None
+        # Without a bus name reported (and drained from the pipe) the worker never asked BlueZ for anything.
+        if (reaped and self.unique_name is None) or await self._bounded_proof():
+            self._forget()
+            return True
+        return False
 
     async def _read(self) -> None:
         """Frames from the worker until it exits."""
@@ -264,6 +293,9 @@ class BleSession(BaseSession):
                 await self._dispatch(payload)
         except (asyncio.IncompleteReadError, ConnectionError, OSError, DBusFastError, EOFError):
             pass  # the worker exited, or our own bus link failed: either way this session is over
+        except Exception:
+            # Fixed text only, and the exception is not kept: its text could quote a device address.
+            self._failed(ProviderError("the BLE worker sent a frame that could not be handled"))
         finally:
             self._on_exit()
 
@@ -337,6 +369,9 @@ class BleSession(BaseSession):
         """Kill and reap the worker, see its bus name released, then one answered round trip to BlueZ."""
         await self._kill()
         if self.unique_name is not None:
+            if not self._link.is_gone(self.unique_name):
+                # A reconnected link lost the match rule: watch again, and ask the bus whether it is gone.
+                await self._link.watch_name(self.unique_name)
             await self._link.name_gone(self.unique_name)
         if not await self._link.bluez_answers():
             return False
@@ -352,16 +387,12 @@ class BleSession(BaseSession):
                 proc.kill()
         await proc.wait()
         if self._reader is not None:
-            with contextlib.suppress(BaseException):
-                await self._reader
+            await asyncio.wait({self._reader})
 
     def _forget(self) -> None:
-        """The session is over: stop tracking its name and let go of the link (once)."""
+        """The session is over: stop tracking its name."""
         if self.unique_name is not None:
             self._link.forget(self.unique_name)
-        if not self._released:
-            self._released = True
-            self._link.drop()
 
 
 def _resolve(future: asyncio.Future[Any], value: Any) -> None:
@@ -401,14 +432,11 @@ class BleProvider:
         if name is not None:
             return name
         link = self._link()
-        link.hold()
         try:
             async with asyncio.timeout(1.0):
                 return await link.default_adapter()
         except (TimeoutError, OSError, DBusFastError, EOFError):
             return link.last_default
-        finally:
-            link.drop()
 
     async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> ProviderSession:
         """Start one discovery session on the scope's adapter (else ours, else the first powered one)."""

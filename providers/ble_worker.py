@@ -156,7 +156,6 @@ class Worker:
         self._open = False
         self._lost = False
         self._tasks: set[asyncio.Future[None]] = set()
-        self._stop_calls = 0
         self._manager: Any = None
         self._scanner: Any = None
 
@@ -308,40 +307,23 @@ class Worker:
         task.add_done_callback(self._tasks.discard)
 
     async def _stop(self) -> None:
-        """One stop attempt; answers ("stopped", None) when BlueZ acknowledged, else the refusing rule."""
-        self._stop_calls += 1
-        self.send(("stopped", await self._stop_attempt(first=self._stop_calls == 1)))
+        """The stop; answers ("stopped", None) when BlueZ acknowledged, else the refusing rule."""
+        self.send(("stopped", await self._stop_attempt()))
 
-    async def _stop_attempt(self, *, first: bool) -> str | None:
+    async def _stop_attempt(self) -> str | None:
         from bleak.exc import BleakDBusError
 
         bus = None if self._manager is None else self._manager._bus
         if self._scanner is None:
             return None
         try:
-            if first:
-                await self._scanner.stop()
-            else:
-                await self._retry_stop_discovery(bus)
+            await self._scanner.stop()
         except BleakDBusError as exc:
             return None if session_gone(exc.dbus_error, exc.dbus_error_details) else exc.dbus_error
         except Exception:
-            return None if bus is None or not bus.connected else "backend-error"
+            # A disconnected bus of our own proves nothing about bluetoothd: the parent runs the proof.
+            return "bus-disconnected" if bus is None or not bus.connected else "backend-error"
         return None
-
-    async def _retry_stop_discovery(self, bus: Any) -> None:
-        """StopDiscovery again (bleak's stop() cannot be re-run)."""
-        from bleak.exc import BleakDBusError
-        from dbus_fast import Message, MessageType
-
-        if bus is None or not bus.connected:
-            return
-        stop = Message(
-            destination=BLUEZ, path=self._adapter_path, interface=ADAPTER_IFACE, member="StopDiscovery"
-        )
-        reply = await bus.call(stop)
-        if reply.message_type == MessageType.ERROR:
-            raise BleakDBusError(reply.error_name or "", reply.body)
 
 
 def _gated_manager(bleak_manager: Any, on_signal: Any) -> Any:

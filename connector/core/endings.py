@@ -7,16 +7,14 @@ Rules of this file:
 - `due_cause` picks the time-driven cause (earliest passed deadline, window first on a tie);
 - `conclude(cause, code, stop)` is the only place that maps an end to its terminal status, error code,
   cancellation and cleanup state and diagnostics; the claim is derived from cleanup, never stored beside it;
-- `mermaid()` draws the sub-machine from the same data; `tests/core/test_endings_diagram.py` checks the
+- `mermaid()` draws the sub-machine from the same data; `tests/core/test_endings.py` checks the
   copy in docs/ARCHITECTURE.md.
 - Pure: no I/O, no clock, no logging.
 """
 
 from __future__ import annotations
 
-import argparse
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from types import MappingProxyType
@@ -204,19 +202,3 @@ def mermaid() -> str:
                 f'    {_cause_node(cause)} -- "{", ".join(facts)}" --> {_status_node(ending.status)}'
             )
     return "\n".join(lines) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m connector.core.endings --mermaid` prints the diagram."""
-    parser = argparse.ArgumentParser(prog="python -m connector.core.endings")
-    parser.add_argument("--mermaid", action="store_true", help="print the endings diagram")
-    args = parser.parse_args(argv)
-    if not args.mermaid:
-        parser.print_usage(sys.stderr)
-        return 2
-    sys.stdout.write(mermaid())
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

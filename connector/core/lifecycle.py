@@ -12,9 +12,7 @@ Rules of this file:
 
 from __future__ import annotations
 
-import argparse
-import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from enum import StrEnum
 from types import MappingProxyType
 
@@ -221,19 +219,3 @@ def mermaid() -> str:
         lines += [f"    {_node(current)} --> {_node(new)}: {_edge_label(e)}" for e, new in moves.items()]
     lines += [f"    {_node(s)} --> [*]" for s in TRANSITIONS if s in TERMINAL_STATUSES]
     return "\n".join(lines) + "\n"
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """`python -m connector.core.lifecycle --mermaid` prints the diagram."""
-    parser = argparse.ArgumentParser(prog="python -m connector.core.lifecycle")
-    parser.add_argument("--mermaid", action="store_true", help="print the stateDiagram-v2 of the table")
-    args = parser.parse_args(argv)
-    if not args.mermaid:
-        parser.print_usage(sys.stderr)
-        return 2
-    sys.stdout.write(mermaid())
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -224,6 +224,7 @@ class DiscoveryManager:
             expires_at_ms=expires_at_ms,
             causal_context=causal_context,
             retry_after_seconds=retry_after_seconds,
+            adapter=adapter,
         )
         table = CandidateTable(scope, profile, generation=self._new_id(), new_ref=self._new_id)
         session = DiscoverySession(

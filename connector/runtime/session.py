@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
@@ -47,7 +47,7 @@ from connector.core.scope import DiscoveryProfile, DiscoveryScope
 from connector.core.snapshot import CandidateTable, IngestOutcome
 from connector.errors import ProviderError, ProviderUnavailable
 from connector.runtime.claims import Claim
-from providers.base import Provider, ProviderSession, StopOutcome, stop_bound_ms
+from providers.base import Provider, ProviderSession, StartUnconfirmed, StopOutcome, stop_bound_ms
 
 logger = logging.getLogger(__name__)
 
@@ -87,6 +87,8 @@ class SessionSpec:
     expires_at_ms: int | None
     causal_context: Mapping[str, Any] | None
     retry_after_seconds: int
+    # The adapter the claim is keyed by: the provider starts on this one resolution, not a second one.
+    adapter: str | None = None
 
 
 class _Sink:
@@ -304,9 +306,14 @@ class DiscoverySession:
 
     async def _start(self) -> bool:
         """pending -> running once the provider started; False when the session already concluded."""
-        with anyio.move_on_after(self._seconds_until(self._hard_deadline_ms())):
+        with anyio.move_on_after(self._seconds_until(self._hard_deadline_ms())) as cut:
             try:
-                self._provider_session = await self.provider.start(self.spec.scope, self.sink)
+                self._provider_session = await self.provider.start(self._provider_scope(), self.sink)
+            except StartUnconfirmed as error:  # the backend may run: held as uncertain, retried in background
+                self._provider_session = error.session
+                cause, code = self._cut_cause() if cut.cancel_called else (EndCause.FAILURE, error.code)
+                self._conclude_unstarted(cause, code, StopResult.UNCERTAIN)
+                return False
             except ProviderUnavailable as error:  # its message is a fixed reason written by the provider
                 self.error_detail = error.message
                 self._conclude_unstarted(EndCause.FAILURE, error.code)
@@ -321,11 +328,19 @@ class DiscoverySession:
                 self._move(Status.RUNNING)
             return True
         # The start was cut off by the connector timeout or expiry; its cancellation unwound it.
-        if self._expired(self._clock()):
-            self._conclude_unstarted(EndCause.EXPIRY)
-        else:
-            self._conclude_unstarted(EndCause.FAILURE, DEADLINE_EXCEEDED)
+        self._conclude_unstarted(*self._cut_cause())
         return False
+
+    def _provider_scope(self) -> DiscoveryScope:
+        """The admitted scope on the adapter its claim is keyed by (the status keeps the scope as asked)."""
+        adapter = self.spec.adapter
+        return self.spec.scope if adapter is None else replace(self.spec.scope, adapter=adapter)
+
+    def _cut_cause(self) -> tuple[EndCause, str | None]:
+        """Why a start was cut off: expiry, else the connector timeout."""
+        if self._expired(self._clock()):
+            return EndCause.EXPIRY, None
+        return EndCause.FAILURE, DEADLINE_EXCEEDED
 
     async def _watch(self) -> None:
         """Cut revisions as content changes (coalesced) until an end cause is set."""
@@ -459,13 +474,15 @@ class DiscoverySession:
         self._changed.set()
         self._changed = anyio.Event()
 
-    def _conclude_unstarted(self, cause: EndCause, code: str | None = None) -> None:
-        """No provider session exists: nothing to stop, cleanup is trivially confirmed."""
+    def _conclude_unstarted(
+        self, cause: EndCause, code: str | None = None, stop: StopResult = StopResult.ACKNOWLEDGED
+    ) -> None:
+        """The start failed: acknowledged when nothing was left, else uncertain (`StartUnconfirmed`)."""
         self._accepting = False
         if self.cancellation_state is not None:
             cause = EndCause.CANCEL
         self.end_cause, self._end_code = cause, code
-        self._conclude(StopResult.ACKNOWLEDGED)
+        self._conclude(stop)
 
     def _conclude(self, stop: StopResult) -> None:
         """Report the terminal status for the end cause (`endings.conclude`), now that the stop ended."""

@@ -20,11 +20,11 @@ from connector.core.endings import (
     conclude,
     confirmed_late,
     due_cause,
-    main,
     mermaid,
     wins,
 )
 from connector.core.lifecycle import Status
+from connector.diagrams import main
 
 BEGIN, END = "<!-- endings:begin -->", "<!-- endings:end -->"
 
@@ -137,7 +137,7 @@ def _doc_block(repo_root: Path) -> str:
 
 
 def test_doc_block_equals_generated_diagram(repo_root: Path) -> None:
-    assert _doc_block(repo_root) == mermaid(), "run: python -m connector.core.endings --mermaid"
+    assert _doc_block(repo_root) == mermaid(), "run: python -m connector.diagrams endings"
 
 
 def test_diagram_draws_every_cause_outcome_and_override() -> None:
@@ -155,7 +155,7 @@ def test_diagram_draws_every_cause_outcome_and_override() -> None:
 
 def test_module_prints_the_diagram_and_refuses_no_flag(repo_root: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "connector.core.endings", "--mermaid"],
+        [sys.executable, "-m", "connector.diagrams", "endings"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -163,4 +163,6 @@ def test_module_prints_the_diagram_and_refuses_no_flag(repo_root: Path) -> None:
         cwd=repo_root,
     )
     assert out.stdout == mermaid()
-    assert main([]) == 2
+    with pytest.raises(SystemExit) as usage:
+        main([])
+    assert usage.value.code == 2

@@ -7,7 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-from connector.core.lifecycle import TERMINAL_STATUSES, TRANSITIONS, main, mermaid
+import pytest
+
+from connector.core.lifecycle import TERMINAL_STATUSES, TRANSITIONS, mermaid
+from connector.diagrams import main
 
 BEGIN, END = "<!-- lifecycle:begin -->", "<!-- lifecycle:end -->"
 
@@ -21,7 +24,7 @@ def _doc_block(repo_root: Path) -> str:
 
 
 def test_doc_block_equals_generated_diagram(repo_root: Path) -> None:
-    assert _doc_block(repo_root) == mermaid(), "run: python -m connector.core.lifecycle --mermaid"
+    assert _doc_block(repo_root) == mermaid(), "run: python -m connector.diagrams lifecycle"
 
 
 def test_diagram_draws_every_edge_and_end() -> None:
@@ -43,7 +46,7 @@ def test_diagram_draws_every_edge_and_end() -> None:
 
 def test_module_prints_the_diagram(repo_root: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "connector.core.lifecycle", "--mermaid"],
+        [sys.executable, "-m", "connector.diagrams", "lifecycle"],
         capture_output=True,
         text=True,
         timeout=60,
@@ -53,5 +56,8 @@ def test_module_prints_the_diagram(repo_root: Path) -> None:
     assert out.stdout == mermaid()
 
 
-def test_main_without_flag_is_a_usage_error() -> None:
-    assert main([]) == 2
+@pytest.mark.parametrize("argv", [[], ["states"]])
+def test_main_without_a_known_diagram_is_a_usage_error(argv: list[str]) -> None:
+    with pytest.raises(SystemExit) as usage:
+        main(argv)
+    assert usage.value.code == 2

@@ -130,6 +130,8 @@ class Emulator:
         self.fail_stop: tuple[str, str] | None = None
         self.fail_start: str | None = None
         self.power_off_on_start = False
+        self.wedge_after_start = False
+        self._unanswered: list[Message] = []
         self.wedged = False
         self._backlog: list[Message] = []
         self.stream_sent = 0
@@ -262,7 +264,7 @@ class Emulator:
         if parsed is None and not client.discovering:
             del adapter.clients[msg.sender or ""]
 
-    def _start(self, adapter: Adapter, msg: Message) -> None:
+    def _start(self, adapter: Adapter, msg: Message) -> bool | None:
         """adapter.c `start_discovery`."""
         if not adapter.powered:
             raise _Refusal(*_NOT_READY)
@@ -276,6 +278,12 @@ class Emulator:
         self._adapter_changed(adapter, was)
         if self.power_off_on_start:
             self._set_powered(adapter, False)
+        if self.wedge_after_start:  # the session exists, but the main loop hangs before the reply goes out
+            self.wedge_after_start = False
+            self.wedged = True
+            self._unanswered.append(msg)
+            return True
+        return None
 
     def _stop(self, adapter: Adapter, msg: Message) -> bool | None:
         """adapter.c `stop_discovery`; the stall knob keeps the reply forever (the session stays too)."""
@@ -561,12 +569,18 @@ class Emulator:
     def c_power_off_on_start(self) -> None:
         self.power_off_on_start = True
 
+    def c_wedge_after_start(self) -> None:
+        self.wedge_after_start = True
+
     def c_wedge(self) -> None:
         self.wedged = True
 
     def c_unwedge(self) -> None:
         """The main loop runs again: everything that queued up is served in order."""
         self.wedged = False
+        unanswered, self._unanswered = self._unanswered, []
+        for msg in unanswered:
+            self.bus.send(Message.new_method_return(msg))
         backlog, self._backlog = self._backlog, []
         for msg in backlog:
             reply = self._serve(msg)

@@ -27,6 +27,8 @@ import dbus.bus
 import dbus.exceptions
 import pytest
 
+from providers.ble import close_links
+
 ENV_VAR = "DBUS_SYSTEM_BUS_ADDRESS"
 EMULATOR = Path(__file__).with_name("bluez_emu.py")
 CONTROL_PATH = "/org/bluez/emulator"
@@ -266,6 +268,10 @@ class BluezController:
         """Make StartDiscovery answer with a D-Bus error."""
         self.control("fail_start", error=error)
 
+    def wedge_after_start(self) -> None:
+        """The next StartDiscovery starts the session, then bluetoothd hangs before it replies (`wedge`)."""
+        self.control("wedge_after_start")
+
     def power_off_during_start(self) -> None:
         """StartDiscovery succeeds, but the adapter powers off right after."""
         self.control("power_off_on_start")
@@ -430,4 +436,5 @@ def bluez() -> Iterator[BluezController]:
         finally:
             with contextlib.suppress(dbus.exceptions.DBusException):
                 controller.lift_stall()
+            close_links()  # the connector's link outlives its sessions; the test's loop does not
             controller.close()

@@ -14,7 +14,6 @@ from bluez_mock import BluezController, RecordingSink, bluez
 from connector.core.observations import BleObservation
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from providers.ble import BleProvider, BleSession, discovery_filters
-from providers.ble_worker import BATCH_S
 
 __all__ = ["bluez"]  # the fixture, imported above
 
@@ -62,6 +61,13 @@ def at(address: str, **fields: object) -> Callable[[BleObservation], bool]:
         return o.address == address and all(getattr(o, k) == v for k, v in fields.items())
 
     return check
+
+
+async def reports_of(sink: RecordingSink, address: str, count: int, timeout: float = 3.0) -> None:
+    """Wait until `count` observations of `address` arrived."""
+    async with asyncio.timeout(timeout):
+        while sink.addresses().count(address) < count:
+            await asyncio.sleep(0.005)
 
 
 async def barrier(bluez: BluezController, sink: RecordingSink, **marker: Any) -> None:
@@ -179,9 +185,10 @@ async def test_a_steady_device_is_observed_at_every_report(bluez: BluezControlle
     ]
     data = {APPLE: b"\x01\x02"}
     bluez.add_device(DEV_A, service_uuids=[HEART], rssi=-60, manufacturer_data=data)
-    for _ in range(5):  # the same advert again and again: no 8 dB move, no data change
-        await asyncio.sleep(BATCH_S * 1.5)  # one report per batch of the worker
+    await reports_of(sink, DEV_A, 1)
+    for seen in range(2, 7):  # the same advert again and again: no 8 dB move, no data change
         bluez.advertise(DEV_A, rssi=-61, manufacturer_data=data)
+        await reports_of(sink, DEV_A, seen)  # each report seen before the next: no batch merges two
     await barrier(bluez, sink, service_uuids=[HEART])
     await session.stop()
     assert sink.addresses().count(DEV_A) == 6
@@ -331,3 +338,17 @@ async def test_a_burst_of_adverts_reaches_the_sink_complete_and_in_order(bluez: 
     assert seen[-1] == -7 and 1 <= len(seen) <= len(values)
     positions = iter(range(len(values)))
     assert all(any(values[i] == rssi for i in positions) for rssi in seen)
+
+
+@pytest.mark.asyncio
+async def test_the_connectors_bus_link_stays_connected_across_sessions(bluez: BluezController) -> None:
+    provider = BleProvider()
+    first = await provider.start(ble_scope(service_uuids=(HEART,)), RecordingSink())
+    assert isinstance(first, BleSession)
+    await first.stop()
+    bus = first._link._bus
+    assert bus is not None and bus.connected  # no reconnect (and no lost match rules) per scan
+    second = await provider.start(ble_scope(service_uuids=(HEART,)), RecordingSink())
+    assert isinstance(second, BleSession) and second._link is first._link
+    await second.stop()
+    assert first._link._bus is bus

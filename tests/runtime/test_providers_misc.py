@@ -9,11 +9,14 @@ from pathlib import Path
 
 import pytest
 
+from connector.core.scope import DiscoveryScope
 from connector.errors import AdmissionError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
 from connector.runtime.claims import ClaimRegistry, claim_key
+from providers.base import BaseSession, ObservationSink, ProviderSession, StopOutcome
 from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, StopStep
 from providers.registry import build_provider
 from providers.replay import FixtureError, ReplayProvider
+from runtime.sessions import fast_manager, poll_to_end, start
 from runtime.support import RecordingSink, ble_scope, other_tasks, stranger, strap
 
 # ---- fault provider --------------------------------------------------------------------------------------
@@ -155,3 +158,55 @@ def test_concurrent_backends_skip_the_claim_and_release_never_frees_another_hold
     claims.release(shared)
     assert claims.is_held(held)
     assert claims.retry_after_seconds(key, now_ms=10) == 1
+
+
+class _RaisingThenAcking(BaseSession):
+    """A backend whose first stop attempt raises (a bug) and whose second acknowledges."""
+
+    def __init__(self) -> None:
+        super().__init__(ble_scope(), RecordingSink())
+        self.attempts = 0
+
+    async def _stop_backend(self) -> str | None:
+        self.attempts += 1
+        if self.attempts == 1:
+            raise RuntimeError("backend bug")
+        return None
+
+
+@pytest.mark.asyncio
+async def test_a_stop_attempt_that_raised_counts_as_a_refusal_and_a_new_one_starts() -> None:
+    session = _RaisingThenAcking()
+    with pytest.raises(StopUnconfirmed) as unconfirmed:
+        await session.stop()
+    assert list(unconfirmed.value.diagnostics) == [{"code": "provider-stop", "message": "backend-error"}]
+    assert await session.stop() is StopOutcome.ACKNOWLEDGED
+    assert session.attempts == 2
+
+
+class _ResolvingProvider(FaultProvider):
+    """A provider whose default adapter changes between lookups (as a hot-plugged one can)."""
+
+    def __init__(self) -> None:
+        super().__init__(fault=Fault(stop_plan=(ACK,)))
+        self.defaults = iter(["hci1", "hci0"])
+        self.started_on: list[str | None] = []
+
+    async def resolve_adapter(self, scope: DiscoveryScope) -> str | None:
+        return scope.adapter or next(self.defaults)
+
+    async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> ProviderSession:
+        self.started_on.append(scope.adapter)
+        return await super().start(scope, sink)
+
+
+@pytest.mark.asyncio
+async def test_the_session_starts_on_the_adapter_its_claim_is_keyed_by() -> None:
+    provider = _ResolvingProvider()
+    async with fast_manager() as manager:
+        handle = await start(manager, provider, window_ms=50)
+        assert manager.claims.holder(claim_key("ble", "hci1")) == handle.operation_id
+        polls = await poll_to_end(manager, handle.operation_id)
+    assert provider.started_on == ["hci1"]
+    assert polls[-1]["status"] == "completed"
+    assert handle.scope.adapter is None  # the session's metadata keeps the scope as it was asked
