@@ -38,7 +38,7 @@ _MISMATCHES: list[str] = []
 
 
 def _install_openapi_check() -> None:
-    from openapi_check import install
+    from tests.openapi_check import install
 
     install(_MISMATCHES)
 
@@ -49,7 +49,7 @@ _install_openapi_check()
 @pytest.fixture(autouse=True)
 def _responses_match_openapi() -> Any:
     """Fail a test during which an answer contradicted the OpenAPI document (even if code swallowed it)."""
-    from openapi_check import forget_served
+    from tests.openapi_check import forget_served
 
     _MISMATCHES.clear()
     forget_served()

@@ -8,8 +8,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from host import support as host_support
-from service.support import Harness, RecordingFactory, harness, scan_directive, straps
 
 from connector import client as api
 from connector.contract.models import (
@@ -20,6 +18,8 @@ from connector.contract.models import (
     DiscoveryProgress,
 )
 from providers.faults import ACK, Fault, StopStep
+from tests.host import support as host_support
+from tests.service.support import Harness, RecordingFactory, harness, scan_directive, straps
 
 BASE = "http://connector.test"
 

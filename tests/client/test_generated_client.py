@@ -18,7 +18,8 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from service.support import RecordingFactory, harness, scan_directive, straps
+
+from tests.service.support import RecordingFactory, harness, scan_directive, straps
 
 GENERATOR = Path(sys.executable).with_name("openapi-python-client")
 PACKAGE = "sensorium_generated_client"

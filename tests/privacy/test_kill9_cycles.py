@@ -31,12 +31,12 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from bus.broker import NatsServer
-from console.serve_process import REPO, scan_directive, serve_env, write_fixture
 
 from connector.bus.client import BusClient
 from connector.core.authority import make_grant
 from connector.storage.principals import add_principal
+from tests.bus.broker import NatsServer
+from tests.console.serve_process import REPO, scan_directive, serve_env, write_fixture
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
 

@@ -24,7 +24,8 @@ from typing import Any
 
 import httpx
 import pytest
-from console.serve_process import (
+
+from tests.console.serve_process import (
     ServeProcess,
     Tokens,
     add_test_principals,

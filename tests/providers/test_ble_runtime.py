@@ -19,7 +19,6 @@ from typing import Any
 
 import anyio
 import pytest
-from bluez_mock import BluezController, bluez
 
 from connector.contract.validate import validate
 from connector.core.ids import OPERATION_KIND, random_operation_id
@@ -28,6 +27,7 @@ from connector.errors import AdmissionError
 from connector.runtime.claims import claim_key
 from connector.runtime.manager import DiscoveryManager, wall_clock_ms
 from providers.ble import BleProvider, BleSession
+from tests.providers.bluez_mock import BluezController, bluez
 
 __all__ = ["bluez"]  # the fixture, imported above
 

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from bluez_mock import BluezController, bluez, device_path
 from dbus_fast import BusType, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
+
+from tests.providers.bluez_mock import BluezController, bluez, device_path
 
 __all__ = ["bluez"]  # the fixture, imported above
 

@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from avahi_lab import AvahiLab, unavailable_reason
+
+from tests.providers.avahi_lab import AvahiLab, unavailable_reason
 
 DRIVER = Path(__file__).with_name("mdns_ns_driver.py")
 AVAHI_TYPE = "_s11lab._tcp"  # what avahi-publish-service takes

@@ -20,7 +20,6 @@ from typing import Any
 import anyio
 import pytest
 import pytest_asyncio
-from mdns_peer import LOOPBACK, RecordingSink, Responder, ptr, run_instance, run_service_type, srv
 from zeroconf import Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
@@ -29,6 +28,15 @@ from connector.core.scope import DiscoveryScope, ScopeFilter
 from connector.errors import ProviderError, ProviderUnavailable, StopUnconfirmed
 from providers import mdns as mdns_module
 from providers.mdns import MdnsProvider, MdnsSession
+from tests.providers.mdns_peer import (
+    LOOPBACK,
+    RecordingSink,
+    Responder,
+    ptr,
+    run_instance,
+    run_service_type,
+    srv,
+)
 
 PRINTERS = run_service_type("prn")
 SENSORS = run_service_type("sns")

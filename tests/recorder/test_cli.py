@@ -9,9 +9,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from bluez_mock import BluezController, BluezEmulator, bluez, bluez_available
 
 from connector.cli.main import COMMAND_MODULES, main
+from tests.providers.bluez_mock import BluezController, BluezEmulator, bluez, bluez_available
 
 from .support import HEART_RATE, fixture_lines, run_cli, spawn_cli
 

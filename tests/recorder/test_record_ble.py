@@ -9,7 +9,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from bluez_mock import BluezController, bluez
 
 from connector.core.lifecycle import Status
 from connector.core.observations import BleObservation, Observation
@@ -28,6 +27,7 @@ from connector.runtime.recorder import (
 from providers.base import Provider
 from providers.ble import BleProvider
 from providers.replay import ReplayProvider, ReplaySession
+from tests.providers.bluez_mock import BluezController, bluez
 
 from .support import ENV_SENSING, HEART_RATE, PROFILE, TableSink, content, fixture_lines
 

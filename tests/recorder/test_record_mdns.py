@@ -12,7 +12,6 @@ from pathlib import Path
 
 import pytest
 import pytest_asyncio
-from mdns_peer import LOOPBACK, Responder, run_instance, run_service_type
 
 from connector.cli.fixtures_cmd import find_service_types
 from connector.core.observations import MdnsObservation
@@ -28,6 +27,7 @@ from connector.runtime.recorder import (
 )
 from providers.mdns import MdnsProvider
 from providers.replay import ReplayProvider
+from tests.providers.mdns_peer import LOOPBACK, Responder, run_instance, run_service_type
 
 from .support import CLI_SCRIPT, REPO_ROOT, TableSink, content, fixture_lines, spawn_cli
 

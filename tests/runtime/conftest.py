@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from runtime.support import FIXTURES
+from tests.runtime.support import FIXTURES
 
 
 @pytest.fixture

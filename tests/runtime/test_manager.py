@@ -15,8 +15,8 @@ from connector.core.snapshot import CandidateTable, Revision
 from connector.runtime.manager import UnknownOperation
 from providers.faults import Fault, FaultProvider, StopStep
 from providers.replay import ReplayProvider
-from runtime.sessions import assert_valid_polls, dumps, fast_manager, poll_to_end, start, with_profile
-from runtime.support import ble_scope, other_tasks, stranger, strap
+from tests.runtime.sessions import assert_valid_polls, dumps, fast_manager, poll_to_end, start, with_profile
+from tests.runtime.support import ble_scope, other_tasks, stranger, strap
 
 STRAPS = [(i * 20, strap(i)) for i in range(5)]
 CANARY = "CANARY-d41c"

@@ -16,8 +16,8 @@ from providers.base import BaseSession, ObservationSink, ProviderSession, StopOu
 from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, StopStep
 from providers.registry import build_provider
 from providers.replay import FixtureError, ReplayProvider
-from runtime.sessions import fast_manager, poll_to_end, start
-from runtime.support import RecordingSink, ble_scope, other_tasks, stranger, strap
+from tests.runtime.sessions import fast_manager, poll_to_end, start
+from tests.runtime.support import RecordingSink, ble_scope, other_tasks, stranger, strap
 
 # ---- fault provider --------------------------------------------------------------------------------------
 

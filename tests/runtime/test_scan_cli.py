@@ -19,8 +19,8 @@ from connector.cli.main import main
 from connector.cli.scan_cmd import render_live
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from providers.replay import ReplayProvider
-from runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start
-from runtime.support import ble_scope
+from tests.runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start
+from tests.runtime.support import ble_scope
 
 REPO = Path(__file__).resolve().parents[2]
 HRM_LAB = "hw-fixtures/ble-heart-rate-lab.jsonl"

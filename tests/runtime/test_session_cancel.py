@@ -8,8 +8,8 @@ import pytest
 from connector.errors import AdmissionError
 from connector.runtime.claims import claim_key
 from providers.faults import HANG, RAISE, Fault, FaultProvider, StopStep
-from runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start
-from runtime.support import ble_scope, strap
+from tests.runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start
+from tests.runtime.support import ble_scope, strap
 
 STRAPS = [(i * 20, strap(i)) for i in range(5)]
 

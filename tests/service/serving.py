@@ -14,7 +14,7 @@ from pathlib import Path
 
 import anyio
 
-from service.support import REPO_ROOT
+from tests.service.support import REPO_ROOT
 
 _URL = re.compile(r"serving on (http://127\.0\.0\.1:\d+)")
 

@@ -10,7 +10,7 @@ import pytest
 
 from connector.core.policy import DeferredHostPolicy
 from providers import replay
-from service.support import (
+from tests.service.support import (
     CANARY,
     HEART_RATE_LAB,
     INFO,

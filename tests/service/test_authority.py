@@ -17,7 +17,7 @@ import pytest
 
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.storage.principals import principals_path, revoke
-from service.support import (
+from tests.service.support import (
     CANARY,
     SCAN,
     Harness,

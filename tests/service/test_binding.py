@@ -11,7 +11,7 @@ import pytest
 
 from connector.errors import ProviderRestarted
 from providers.faults import Fault
-from service.support import (
+from tests.service.support import (
     REDACT,
     Harness,
     OffsetClock,

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from service.support import (
+from tests.service.support import (
     Harness,
     RecordingFactory,
     assert_error,

@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from connector.core.policy import DeferredHostPolicy
-from service.support import (
+from tests.service.support import (
     INFO,
     REDACT,
     SLEEP,

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from connector.storage.state import DiscoveryRecord
-from service.support import (
+from tests.service.support import (
     SLEEP,
     RecordingFactory,
     assert_error,

@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from service.support import (
+from tests.service.support import (
     CANARY,
     RecordingFactory,
     assert_error,

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from connector.core.ids import OPERATION_KIND, random_operation_id
-from service.support import RecordingFactory, assert_error, harness, scan_directive, straps
+from tests.service.support import RecordingFactory, assert_error, harness, scan_directive, straps
 
 pytestmark = pytest.mark.asyncio
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from service.support import (
+from tests.service.support import (
     HEART_RATE_LAB,
     TERMINAL,
     assert_error,

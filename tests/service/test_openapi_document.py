@@ -11,8 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from contract.vectors import all_vectors
-from host.support import host_app
 from openapi_python_client.schema import OpenAPI
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT202012
@@ -20,6 +18,8 @@ from referencing.jsonschema import DRAFT202012
 from connector.api.openapi import ADMISSION_REFUSALS, COMPONENTS, RETRY_AFTER_CODES, component_name
 from connector.contract.schemas import schema_document, schema_files, schema_names, wire_validator
 from connector.errors import HTTP_STATUS_BY_CODE
+from tests.contract.vectors import all_vectors
+from tests.host.support import host_app
 
 DOC = "urn:sensorium:openapi-test"
 OPEN_ROUTES = {("get", "/healthz"), ("get", "/metrics")}

@@ -11,8 +11,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from service.serving import serving
-from service.support import HEART_RATE_LAB, add_test_principals
+from tests.service.serving import serving
+from tests.service.support import HEART_RATE_LAB, add_test_principals
 
 HOOKS = Path(__file__).with_name("st_hooks.py")
 SCHEMATHESIS = Path(sys.executable).with_name("st")

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from connector.storage.files import make_private_dir
-from service.support import RecordingFactory, harness, scan_directive, straps
+from tests.service.support import RecordingFactory, harness, scan_directive, straps
 
 
 def modes(root: Path) -> dict[str, int]:

@@ -13,8 +13,8 @@ import anyio
 import httpx
 import pytest
 
-from service.serving import serve_command, serving, spawn, wait_exit
-from service.support import (
+from tests.service.serving import serve_command, serving, spawn, wait_exit
+from tests.service.support import (
     HEART_RATE_LAB,
     INFO,
     REDACT,
