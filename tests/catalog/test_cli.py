@@ -14,8 +14,9 @@ import pytest
 
 from connector.catalog.state import highest_accepted_version
 from connector.cli import catalog_cmd
+from tests.support.catalogs import REPO, SHIPPED_CATALOG, example_catalog
 
-from .helpers import CANARY, REPO_ROOT, SHIPPED_CATALOG, example_catalog
+from .helpers import CANARY
 
 
 def main(argv: list[str]) -> int:
@@ -116,7 +117,7 @@ def test_verify_with_data_dir_records_and_refuses_rollback(
 def test_verify_defaults_to_the_trust_dir_under_the_cwd(
     capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.chdir(REPO_ROOT)
+    monkeypatch.chdir(REPO)
     code, out, _ = run(capsys, "catalog", "verify", "catalog/actions.json")
     assert code == 0 and "sensorium-os.example" in out
 
@@ -179,7 +180,7 @@ def test_argparse_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> Non
 
 def test_the_console_entry_point_verifies_the_shipped_catalog(tmp_path: Path) -> None:
     """End to end through `python -m connector`, i.e. `connector.cli.main` with every command registered."""
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     completed = subprocess.run(
         [
             sys.executable,
@@ -191,7 +192,7 @@ def test_the_console_entry_point_verifies_the_shipped_catalog(tmp_path: Path) ->
             "--data-dir",
             str(tmp_path),
         ],
-        cwd=REPO_ROOT,
+        cwd=REPO,
         env=env,
         capture_output=True,
         text=True,

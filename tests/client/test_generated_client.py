@@ -19,7 +19,8 @@ import anyio
 import httpx
 import pytest
 
-from tests.service.support import RecordingFactory, harness, scan_directive, straps
+from tests.service.support import RecordingFactory, harness, straps
+from tests.support.directives import scan_directive
 
 GENERATOR = Path(sys.executable).with_name("openapi-python-client")
 PACKAGE = "sensorium_generated_client"

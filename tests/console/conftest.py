@@ -6,8 +6,7 @@ import re
 import secrets
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -17,22 +16,16 @@ from fastapi import APIRouter
 from connector.api.console import console_router
 from connector.host.service import HostService
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
+from tests.support.catalogs import REPO
+from tests.support.clocks import OffsetClock
+from tests.support.directives import scan_directive
+from tests.support.principals import Tokens
 
-from .serve_process import REPO, Tokens, add_test_principals, scan_directive, write_fixture
+from .serve_process import add_test_principals, write_fixture
 
 HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 BASE_URL = "http://127.0.0.1:8787"
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')
-
-
-@dataclass(slots=True)
-class MovableClock:
-    """The console's clock: wall time plus an offset the test moves."""
-
-    offset: timedelta = field(default_factory=timedelta)
-
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + self.offset
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,12 +70,12 @@ class Console:
     host: HostService
     tokens: Tokens
     canaries: BleCanaries
-    clock: MovableClock
+    clock: OffsetClock
     data_dir: Path
 
     async def start_scan(self, window_seconds: int = 60) -> str:
         """A caller starts a BLE scan through the host (as `POST /v1/host/directives` would)."""
-        directive = scan_directive("ble", window_seconds, {"service_uuids": [HEART_RATE]})
+        directive = scan_directive(window_seconds)
         reply = await self.host.admit(self.tokens.caller, directive)
         assert reply.status_code == 202 and reply.body is not None
         return str(reply.body["operation/id"])
@@ -128,7 +121,7 @@ async def console_harness(tmp_path: Path) -> AsyncIterator[Console]:
         replay={"ble": ble_fixture(tmp_path / "ble.jsonl", canaries)},
         host_poller=False,
     )
-    clock = MovableClock()
+    clock = OffsetClock()
 
     def routers(assembled: Assembled) -> list[APIRouter]:
         return [console_router(assembled.host, authenticate=assembled.service.authenticate, clock=clock)]

@@ -12,15 +12,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from .conftest import HEART_RATE, BleCanaries, ble_fixture
-from .serve_process import (
-    REPO,
-    add_test_principals,
-    host_status,
-    scan_directive,
-    serving,
-    start_host_scan,
-)
+from tests.support.catalogs import REPO
+from tests.support.directives import scan_directive
+
+from .conftest import BleCanaries, ble_fixture
+from .serve_process import add_test_principals, host_status, replay_serving, start_host_scan
 
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -60,9 +56,9 @@ def test_sign_in_list_open_cancel_and_watch_it_end_cancelled(tmp_path: Path) -> 
     data_dir = tmp_path / "data"
     tokens = add_test_principals(data_dir)
     fixture = ble_fixture(tmp_path / "ble.jsonl", canaries)
-    with serving(data_dir, tmp_path / "logs", name="browser", replays={"ble": fixture}) as server:
+    with replay_serving(data_dir, tmp_path / "logs", name="browser", replays={"ble": fixture}) as server:
         with server.client(tokens.caller) as caller:
-            directive = scan_directive("ble", 60, {"service_uuids": [HEART_RATE]})
+            directive = scan_directive(60)
             op_id = start_host_scan(caller, directive)
             wait_running_with_candidates(caller, op_id)
         base = server.base_url

@@ -23,9 +23,12 @@ from connector.api.console import console_router
 from connector.cli.serve_cmd import known_adapters
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from connector.service.operations import LiveConnectorOperations
+from tests.support.catalogs import REPO
+from tests.support.directives import scan_directive
+from tests.support.principals import Tokens
 
 from .conftest import BASE_URL, HEART_RATE, csrf_of
-from .serve_process import REPO, Tokens, add_test_principals, scan_directive
+from .serve_process import add_test_principals
 
 LIST = "/admin/deferred-operations"
 
@@ -61,7 +64,8 @@ async def harness(tmp_path: Path) -> AsyncIterator[tuple[Assembled, httpx.AsyncC
 
 
 async def _admit(assembled: Assembled, tokens: Tokens, transport: str, filters: dict[str, Any]) -> str:
-    reply = await assembled.service.invoke(tokens.caller, scan_directive(transport, 30, filters))
+    directive = scan_directive(30, transport=transport, filters=filters)
+    reply = await assembled.service.invoke(tokens.caller, directive)
     assert reply.status_code == 202 and reply.body is not None
     return str(reply.body["connector_operation/id"])
 
@@ -85,7 +89,7 @@ async def test_connector_route_scans_are_listed_filtered_and_shown_read_only(tmp
         op_id = await _admit(assembled, tokens, "ble", {"service_uuids": [HEART_RATE]})
 
         async def running() -> bool:
-            return assembled.discovery.metadata(op_id)["status"] == "running"
+            return bool(assembled.discovery.metadata(op_id)["status"] == "running")
 
         await _until(running)
         listing = await client.get(LIST)

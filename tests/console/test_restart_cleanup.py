@@ -12,8 +12,10 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import HEART_RATE, BleCanaries, ble_fixture
-from .serve_process import add_test_principals, scan_directive, serving, start_host_scan, wait_host_status
+from tests.support.directives import scan_directive
+
+from .conftest import BleCanaries, ble_fixture
+from .serve_process import add_test_principals, replay_serving, start_host_scan, wait_host_status
 
 pytestmark = pytest.mark.serve
 
@@ -32,9 +34,9 @@ def test_an_interrupted_scan_reports_its_observed_cleanup(tmp_path: Path, how: s
     data_dir = tmp_path / "data"
     tokens = add_test_principals(data_dir)
     fixture = ble_fixture(tmp_path / "ble.jsonl", BleCanaries.fresh())
-    with serving(data_dir, tmp_path / "logs", name="before", replays={"ble": fixture}) as server:
+    with replay_serving(data_dir, tmp_path / "logs", name="before", replays={"ble": fixture}) as server:
         with server.client(tokens.caller) as caller:
-            op_id = start_host_scan(caller, scan_directive("ble", 60, {"service_uuids": [HEART_RATE]}))
+            op_id = start_host_scan(caller, scan_directive(60))
             assert wait_host_status(caller, op_id, ["running"])["status"] == "running"
         time.sleep(1.5)  # let the poller record `running` with cleanup pending
         assert _admin_view(server, tokens.operator, op_id)["status"] == "running"
@@ -42,7 +44,7 @@ def test_an_interrupted_scan_reports_its_observed_cleanup(tmp_path: Path, how: s
             server.kill9()
         else:
             assert server.stop() == 0
-    with serving(data_dir, tmp_path / "logs", name="after", replays={"ble": fixture}) as server:
+    with replay_serving(data_dir, tmp_path / "logs", name="after", replays={"ble": fixture}) as server:
         view = _admin_view(server, tokens.operator, op_id)
         metadata = view["metadata"]
         assert isinstance(metadata, dict)

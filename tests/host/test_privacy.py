@@ -18,15 +18,8 @@ import pytest
 
 from connector.storage.registry import DeferredRegistry
 from tests.host.records import record
-from tests.host.support import (
-    HEART_RATE,
-    add_principals,
-    bearer,
-    check,
-    host_app,
-    poll_until,
-    terminal,
-)
+from tests.host.support import HEART_RATE, add_principals, check, host_app, poll_until, terminal
+from tests.support.principals import bearer
 
 pytestmark = pytest.mark.asyncio
 CANARIES = {

@@ -12,17 +12,9 @@ import pytest
 
 from connector.core.policy import DeferredHostPolicy
 from connector.storage.principals import revoke
-from tests.host.support import (
-    add_principals,
-    bearer,
-    check,
-    command_directive,
-    host_app,
-    poll_until,
-    scan_directive,
-    signed_catalog,
-    terminal,
-)
+from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog, terminal
+from tests.support.directives import command_directive, scan_directive
+from tests.support.principals import bearer
 
 pytestmark = pytest.mark.asyncio
 NEVER_SEEN = "deferred:sensorium.directive.invoke:" + "Q" * 26
@@ -230,7 +222,7 @@ async def test_sync_work_and_refusals_pass_through_the_host(tmp_path: Path) -> N
 async def test_an_idempotent_repeat_through_the_host_joins_the_same_work(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path)
     async with host_app(tmp_path, host_poller=False) as (assembled, client):
-        directive = scan_directive(5, idempotency_key="key-1")
+        directive = scan_directive(5, key="key-1")
         first = await client.post("/v1/host/directives", json=directive, headers=bearer(tokens.alice))
         await anyio.sleep(0.05)
         second = await client.post(
@@ -242,7 +234,7 @@ async def test_an_idempotent_repeat_through_the_host_joins_the_same_work(tmp_pat
         assert len(await assembled.registry.list()) == 1
         conflict = await client.post(
             "/v1/host/directives",
-            json=scan_directive(6, idempotency_key="key-1"),
+            json=scan_directive(6, key="key-1"),
             headers=bearer(tokens.alice),
         )
         assert conflict.status_code == 409 and conflict.json()["code"] == "idempotency-conflict"

@@ -28,6 +28,7 @@ from providers.base import Provider
 from providers.ble import BleProvider
 from providers.replay import ReplayProvider, ReplaySession
 from tests.providers.bluez_mock import BluezController, bluez
+from tests.support.waiting import wait_until
 
 from .support import ENV_SENSING, HEART_RATE, PROFILE, TableSink, content, fixture_lines
 
@@ -74,13 +75,6 @@ def payload(observation: Observation) -> tuple[object, ...]:
     o = observation
     return (o.name, o.rssi, o.service_uuids, dict(o.manufacturer_data), dict(o.service_data), o.tx_power,
             o.connectable)
-
-
-async def wait_until(predicate: object, timeout_s: float = 5.0) -> None:
-    assert callable(predicate)
-    async with asyncio.timeout(timeout_s):
-        while not predicate():
-            await asyncio.sleep(0.01)
 
 
 async def live_session(controller: BluezController) -> TableSink:

@@ -7,7 +7,7 @@ import ipaddress
 import select
 import signal
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 
 import pytest
@@ -28,6 +28,7 @@ from connector.runtime.recorder import (
 from providers.mdns import MdnsProvider
 from providers.replay import ReplayProvider
 from tests.providers.mdns_peer import LOOPBACK, Responder, run_instance, run_service_type
+from tests.support.waiting import wait_until
 
 from .support import CLI_SCRIPT, REPO_ROOT, TableSink, content, fixture_lines, spawn_cli
 
@@ -68,11 +69,9 @@ async def play_story(responder: Responder, live: TableSink) -> None:
     await wait_for(live, lambda o: o.event == "remove")
 
 
-async def wait_for(sink: TableSink, predicate: object, timeout_s: float = 8.0) -> None:
-    assert callable(predicate)
-    async with asyncio.timeout(timeout_s):
-        while not any(isinstance(o, MdnsObservation) and predicate(o) for o in sink.observations):
-            await asyncio.sleep(0.01)
+async def wait_for(sink: TableSink, predicate: Callable[[MdnsObservation], bool]) -> None:
+    """Until the sink holds an mDNS observation for which `predicate` holds."""
+    await wait_until(lambda: any(isinstance(o, MdnsObservation) and predicate(o) for o in sink.observations))
 
 
 async def record_alongside_live(

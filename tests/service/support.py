@@ -3,32 +3,27 @@ that assembles one connector in-process and talks to it over httpx `ASGITranspor
 
 from __future__ import annotations
 
-import json
-import shutil
 import sqlite3
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import anyio
 import httpx
 
-from connector.catalog.keys import generate_key_pair, load_private_key
-from connector.catalog.signing import sign_catalog
 from connector.contract.validate import validate
-from connector.core.authority import make_grant
+from connector.core.authority import Grant, make_grant
 from connector.core.observations import BleObservation, Observation
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
-from connector.storage.principals import add_principal
 from connector.storage.state import STATE_RELATIVE_PATH
 from providers.faults import Fault, FaultProvider
+from tests.support.catalogs import command_action, example_catalog, new_operator, signed_catalog
+from tests.support.clocks import OffsetClock
+from tests.support.principals import Tokens, create_principals
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-SHIPPED_CATALOG = REPO_ROOT / "catalog" / "actions.json"
-SHIPPED_TRUST = REPO_ROOT / "catalog" / "trust"
 FIXTURES = REPO_ROOT / "hw-fixtures"
 HEART_RATE_LAB = FIXTURES / "ble-heart-rate-lab.jsonl"
 
@@ -56,48 +51,31 @@ def write_test_catalog(
     """The shipped catalog plus two sleeping command actions, signed by a fresh key; (catalog, trust dir)."""
     if (base / "actions.json").exists():  # a restart over the same directory: the same signed catalog
         return base / "actions.json", base / "trust"
-    document: dict[str, Any] = json.loads(SHIPPED_CATALOG.read_text(encoding="utf-8"))
+    document = example_catalog()
     if result_retention_seconds is not None:
         document["actions"][0]["discovery"]["result_retention_seconds"] = result_retention_seconds
-    document["actions"] += [
+    sleepers = [
         _sleeper(SLEEP, marker, support="either", cancel="terminate"),
         _sleeper(STUBBORN, marker.with_name(marker.name + ".stubborn"), support="async-only", cancel="none"),
     ]
-    key_id = generate_key_pair(base / "keys")
-    trust = base / "trust"
-    trust.mkdir(parents=True)
-    shutil.copy(base / "keys" / f"{key_id}.pub", trust / f"{key_id}.pub")
-    catalog = base / "actions.json"
-    catalog.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    signature = sign_catalog(document, load_private_key(base / "keys" / f"{key_id}.key"))
-    catalog.with_name("actions.json.sig").write_text(json.dumps(signature) + "\n", encoding="utf-8")
-    return catalog, trust
+    operator = new_operator(base)
+    catalog = signed_catalog(base, sleepers, document=document, private_key=operator.private_key)
+    return catalog, operator.trust_dir
 
 
 def _sleeper(action_id: str, marker: Path, *, support: str, cancel: str) -> dict[str, Any]:
-    return {
-        "action_id": action_id,
-        "class": "command",
-        "execution_mode_support": support,
-        "deferred_profile": {"preferred_max_ttl_seconds": 120, "retry_after_seconds": 1},
-        "command": {
-            "argv": ["python3", "-c", _SLEEPER, str(marker), "30"],
-            "timeout_ms": 60000,
-            "cancel": cancel,
-            "input": "none",
-        },
-    }
+    argv = ["python3", "-c", _SLEEPER, str(marker), "30"]
+    return command_action(action_id, argv, cancel=cancel, support=support, ttl_seconds=120)
 
 
-def add_test_principals(data_dir: Path) -> dict[str, str]:
+def add_test_principals(data_dir: Path) -> Tokens:
     """alice and bob (callers with every grant), carol (scan on mdns only), root (operator): their tokens."""
-    full = [make_grant(action) for action in CALLER_GRANTS]
-    return {
-        "alice": add_principal(data_dir, "alice", "caller", full),
-        "bob": add_principal(data_dir, "bob", "caller", full),
-        "carol": add_principal(data_dir, "carol", "caller", [make_grant(SCAN, ["mdns"])]),
-        "root": add_principal(data_dir, "root", "operator"),
+    callers: dict[str, Sequence[str | Grant]] = {
+        "alice": CALLER_GRANTS,
+        "bob": CALLER_GRANTS,
+        "carol": [make_grant(SCAN, ["mdns"])],
     }
+    return create_principals(data_dir, callers, ["root"])
 
 
 def strap(index: int, *, rssi: int = -60) -> BleObservation:
@@ -154,22 +132,12 @@ class RecordingFactory:
 
 
 @dataclass
-class OffsetClock:
-    """Wall-clock time shifted by `offset_s` (tests move it forward instead of sleeping)."""
-
-    offset_s: float = 0.0
-
-    def __call__(self) -> datetime:
-        return datetime.now(UTC) + timedelta(seconds=self.offset_s)
-
-
-@dataclass
 class Harness:
     """One assembled connector, an httpx client on its app, and the principals' tokens."""
 
     assembled: Assembled
     client: httpx.AsyncClient
-    tokens: dict[str, str]
+    tokens: Tokens
     data_dir: Path
     clock: OffsetClock
     marker: Path
@@ -228,7 +196,7 @@ async def harness(
     clock: OffsetClock | None = None,
     max_body_bytes: int = 65536,
     result_retention_seconds: int | None = None,
-    tokens: dict[str, str] | None = None,
+    tokens: Tokens | None = None,
 ) -> AsyncIterator[Harness]:
     """Assemble a connector over a fresh data dir with the test catalog and principals; yield a harness.
 
@@ -269,13 +237,6 @@ def _record_submits(h: Harness) -> None:
     runner.submit = recording_submit  # type: ignore[method-assign]
 
 
-async def eventually(predicate: Callable[[], bool], *, timeout: float = 5.0) -> None:
-    """Wait (polling every 10 ms) until `predicate()` holds."""
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(0.01)
-
-
 def query(data_dir: Path, sql: str) -> list[tuple[Any, ...]]:
     """Rows of a read-only query on the connector state database."""
     connection = sqlite3.connect(f"file:{data_dir / STATE_RELATIVE_PATH}?mode=ro", uri=True)
@@ -288,56 +249,6 @@ def query(data_dir: Path, sql: str) -> list[tuple[Any, ...]]:
 def files_bytes(root: Path) -> bytes:
     """The concatenated bytes of every file under `root` (database, WAL, principals, catalog state)."""
     return b"".join(path.read_bytes() for path in sorted(root.rglob("*")) if path.is_file())
-
-
-def scan_directive(
-    window: int = 1,
-    *,
-    transport: str = "ble",
-    key: str | None = None,
-    filters: Mapping[str, Any] | None = None,
-    timing: Mapping[str, Any] | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A discovery directive for heart-rate straps (or `filters`), status v2, async; `extra` adds keys."""
-    default_filters: dict[str, Any] = (
-        {"service_uuids": [HEART_RATE]} if transport == "ble" else {"service_types": ["_http._tcp.local."]}
-    )
-    doc: dict[str, Any] = {
-        "schema": "sensorium-directive.v1",
-        "action_id": SCAN,
-        "timing": {"mode": "async", "status_versions": [2], **(timing or {})},
-        "input": {
-            "transport": transport,
-            "window_seconds": window,
-            "filters": dict(filters) if filters is not None else default_filters,
-        },
-        **(extra or {}),
-    }
-    if key is not None:
-        doc["idempotency_key"] = key
-    return doc
-
-
-def command_directive(
-    action_id: str,
-    mode: str,
-    input: Mapping[str, Any] | None = None,
-    *,
-    key: str | None = None,
-    extra: Mapping[str, Any] | None = None,
-) -> dict[str, Any]:
-    """A command directive; `extra` adds top-level keys."""
-    doc: dict[str, Any] = {
-        "schema": "sensorium-directive.v1",
-        "action_id": action_id,
-        "timing": {"mode": mode},
-        "input": dict(input or {}),
-        **(extra or {}),
-    }
-    if key is not None:
-        doc["idempotency_key"] = key
-    return doc
 
 
 def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:

@@ -18,12 +18,11 @@ from tests.service.support import (
     Harness,
     RecordingFactory,
     assert_error,
-    command_directive,
-    eventually,
     harness,
-    scan_directive,
     straps,
 )
+from tests.support.directives import command_directive, scan_directive
+from tests.support.waiting import wait_until
 
 
 def _without(doc: dict[str, Any], *keys: str) -> dict[str, Any]:
@@ -136,7 +135,7 @@ async def test_too_many_operations_refuses_before_the_provider(tmp_path: Path) -
     async with harness(tmp_path, factory=factory) as h:
         h.assembled.service.policy = DeferredHostPolicy(max_operations_per_principal=1)
         assert (await h.invoke("alice", scan_directive(10))).status_code == 202
-        await eventually(lambda: factory.starts == 1)
+        await wait_until(lambda: factory.starts == 1)
         for directive in (scan_directive(10), command_directive(REDACT, "async", {"text": CANARY})):
             response = await h.invoke("alice", directive)
             assert_error(response, 429, "too-many-operations")
@@ -157,10 +156,10 @@ async def test_transport_claimed_refuses_without_starting_the_provider(tmp_path:
         body = assert_error(refused, 409, "transport-claimed")
         # The holder's window (5 s) plus its cleanup budget (the shipped 4 s) is what the refusal asks for.
         assert 1 <= body["retry_after_seconds"] <= 9
-        await eventually(lambda: factory.starts == 1)
+        await wait_until(lambda: factory.starts == 1)
         # Another transport is another claim.
         assert (await h.invoke("bob", scan_directive(1, transport="mdns"))).status_code == 202
-        await eventually(lambda: factory.starts == 2)
+        await wait_until(lambda: factory.starts == 2)
 
 
 @pytest.mark.asyncio
@@ -237,7 +236,7 @@ async def test_later_steps_after_earlier_ones(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=factory) as h:
         first = await h.invoke("alice", scan_directive(5, key="k"))
         assert first.status_code == 202
-        await eventually(lambda: factory.starts == 1)
+        await wait_until(lambda: factory.starts == 1)
         v1_only = _timing(scan_directive(5, key="k"), mode="async", status_versions=[1])
         assert_error(await h.invoke("alice", v1_only), 409, "status-v2-required")
         h.assembled.service.policy = DeferredHostPolicy(max_operations_per_principal=1)

@@ -25,11 +25,11 @@ from tests.service.support import (
     assert_error,
     assert_valid,
     candidates_of,
-    eventually,
     harness,
-    scan_directive,
     straps,
 )
+from tests.support.directives import scan_directive
+from tests.support.waiting import wait_until
 
 Call = Callable[[httpx.AsyncClient, dict[str, str]], Awaitable[httpx.Response]]
 
@@ -219,7 +219,7 @@ async def test_the_principals_watch_needs_no_request(tmp_path: Path) -> None:
         async with anyio.create_task_group() as group:
             group.start_soon(h.assembled.service.watch_principals, 0.05)
             revoke(h.data_dir, "alice", SCAN)
-            await eventually(lambda: h.assembled.discovery.handle(op_id).status.value == "failed")
+            await wait_until(lambda: h.assembled.discovery.handle(op_id).status.value == "failed")
             group.cancel_scope.cancel()
         await _assert_ended_by_revocation(h, factory, op_id)
 

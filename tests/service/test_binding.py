@@ -4,6 +4,7 @@ binding is erased; the bindings table holds no candidate ref or label."""
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -14,18 +15,17 @@ from providers.faults import Fault
 from tests.service.support import (
     REDACT,
     Harness,
-    OffsetClock,
     RecordingFactory,
     assert_error,
     assert_valid,
     candidates_of,
-    command_directive,
     files_bytes,
     harness,
     query,
-    scan_directive,
     straps,
 )
+from tests.support.clocks import OffsetClock
+from tests.support.directives import command_directive, scan_directive
 
 
 async def _completed(h: Harness, who: str = "alice", window: int = 1) -> tuple[str, list[dict[str, Any]]]:
@@ -75,9 +75,9 @@ async def test_an_expired_candidate_cannot_be_bound(tmp_path: Path) -> None:
     clock = OffsetClock()
     async with harness(tmp_path, factory=RecordingFactory(straps(2)), clock=clock) as h:
         location, candidates = await _completed(h)
-        clock.offset_s = 31.0  # past last_seen_at + candidate_ttl_seconds (30)
+        clock.offset = timedelta(seconds=31)  # past last_seen_at + candidate_ttl_seconds (30)
         assert_error(await _bind(h, location, candidates[0]["candidate/ref"], "k"), 410, "candidate-expired")
-        clock.offset_s = 0.0
+        clock.offset = timedelta()
         assert (await _bind(h, location, candidates[0]["candidate/ref"], "k")).status_code == 201
 
 

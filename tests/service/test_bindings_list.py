@@ -8,15 +8,8 @@ from typing import Any
 
 import pytest
 
-from tests.service.support import (
-    Harness,
-    RecordingFactory,
-    assert_error,
-    candidates_of,
-    harness,
-    scan_directive,
-    straps,
-)
+from tests.service.support import Harness, RecordingFactory, assert_error, candidates_of, harness, straps
+from tests.support.directives import scan_directive
 
 
 async def _bound(h: Harness, who: str, key: str) -> dict[str, Any]:

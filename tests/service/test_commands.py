@@ -18,10 +18,9 @@ from tests.service.support import (
     RecordingFactory,
     assert_error,
     assert_valid,
-    command_directive,
     harness,
-    scan_directive,
 )
+from tests.support.directives import command_directive, scan_directive
 
 
 async def _pid_from(marker: Path) -> int:

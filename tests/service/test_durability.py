@@ -18,13 +18,12 @@ from tests.service.support import (
     assert_error,
     assert_valid,
     candidates_of,
-    command_directive,
-    eventually,
     harness,
     query,
-    scan_directive,
     straps,
 )
+from tests.support.directives import command_directive, scan_directive
+from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio
 
@@ -107,7 +106,7 @@ async def test_an_erased_session_leaves_memory_and_its_record_answers_the_same(t
         polls = await h.poll("alice", accepted.headers["location"])
         completed = polls[-1]
         assert completed["status"] == "completed" and len(candidates_of(completed)) == 3
-        await eventually(lambda: h.assembled.discovery.find(op_id) is None, timeout=10)
+        await wait_until(lambda: h.assembled.discovery.find(op_id) is None, timeout=10)
         after = (await h.get("alice", accepted.headers["location"])).json()
         assert after["result"]["candidates"] == [] and "erased_at" in after["result"]
         expected = {k: v for k, v in completed.items() if k != "progress"}

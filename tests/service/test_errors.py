@@ -12,14 +12,8 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.support import (
-    CANARY,
-    RecordingFactory,
-    assert_error,
-    command_directive,
-    harness,
-    scan_directive,
-)
+from tests.service.support import CANARY, RecordingFactory, assert_error, harness
+from tests.support.directives import command_directive, scan_directive
 
 
 def _server_log(caplog: pytest.LogCaptureFixture) -> str:

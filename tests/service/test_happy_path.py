@@ -14,8 +14,8 @@ from tests.service.support import (
     candidates_of,
     harness,
     query,
-    scan_directive,
 )
+from tests.support.directives import scan_directive
 
 
 @pytest.mark.asyncio

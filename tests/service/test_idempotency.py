@@ -14,14 +14,13 @@ from tests.service.support import (
     REDACT,
     RecordingFactory,
     assert_error,
-    command_directive,
-    eventually,
     files_bytes,
     harness,
     query,
-    scan_directive,
     straps,
 )
+from tests.support.directives import command_directive, scan_directive
+from tests.support.waiting import wait_until
 
 
 @pytest.mark.asyncio
@@ -30,7 +29,7 @@ async def test_same_key_same_directive_answers_identically_and_joins(tmp_path: P
     async with harness(tmp_path, factory=factory) as h:
         first = await h.invoke("alice", scan_directive(3, key="scan-1", extra={"correlation/id": "c-1"}))
         assert first.status_code == 202
-        await eventually(lambda: factory.starts == 1)
+        await wait_until(lambda: factory.starts == 1)
         # Fields outside the fingerprint may differ: correlation, causal context, extensions.
         variants = [
             scan_directive(3, key="scan-1", extra={"correlation/id": "c-2"}),
@@ -58,7 +57,7 @@ async def test_same_key_different_directive_conflicts(tmp_path: Path) -> None:
             scan_directive(3, key="k", filters={"name_prefix": "strap"}),
         ):
             assert_error(await h.invoke("alice", changed), 409, "idempotency-conflict")
-        await eventually(lambda: factory.starts == 1)
+        await wait_until(lambda: factory.starts == 1)
         assert len(factory.requests) == 1
 
 
@@ -71,7 +70,7 @@ async def test_the_key_belongs_to_the_principal(tmp_path: Path) -> None:
         assert mine.status_code == theirs.status_code == 202
         mine_id, theirs_id = mine.json()["connector_operation/id"], theirs.json()["connector_operation/id"]
         assert mine_id != theirs_id
-        await eventually(lambda: factory.starts == 2)
+        await wait_until(lambda: factory.starts == 2)
         # Neither sees the other's operation.
         assert_error(await h.get("bob", f"/v1/operations/{mine_id}"), 404, "unknown-operation")
 
@@ -108,7 +107,7 @@ async def test_concurrent_repeats_of_one_key_start_one_session(tmp_path: Path) -
         assert len(accepted) == 8 and len(conflicts) == 8
         assert len({r.content for r in accepted}) == 1
         assert all(r.json()["code"] == "idempotency-conflict" for r in conflicts)
-        await eventually(lambda: factory.starts == 1)
+        await wait_until(lambda: factory.starts == 1)
         assert len(factory.requests) == 1
 
 
@@ -120,7 +119,7 @@ async def test_concurrent_admissions_respect_the_per_principal_limit(tmp_path: P
         responses = await asyncio.gather(*(h.invoke("alice", scan_directive(5)) for _ in range(10)))
         codes = sorted(r.status_code for r in responses)
         assert codes == [202] * 3 + [429] * 7
-        await eventually(lambda: factory.starts == 3)
+        await wait_until(lambda: factory.starts == 3)
         assert h.assembled.discovery.active_operations("alice") == 3
 
 

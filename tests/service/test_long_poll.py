@@ -18,11 +18,10 @@ from tests.service.support import (
     assert_error,
     assert_valid,
     candidates_of,
-    command_directive,
     harness,
-    scan_directive,
     strap,
 )
+from tests.support.directives import command_directive, scan_directive
 
 
 def _revision(document: dict[str, Any]) -> int:

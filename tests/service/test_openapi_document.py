@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 from openapi_python_client.schema import OpenAPI
-from referencing import Registry, Resource
+from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from connector.api.openapi import ADMISSION_REFUSALS, COMPONENTS, RETRY_AFTER_CODES, component_name
@@ -157,7 +157,7 @@ def _errors(validator: Any, instance: Any) -> list[tuple[str, str]]:
 @pytest.mark.asyncio
 async def test_components_judge_every_vector_as_the_canonical_schemas_do(tmp_path: Path) -> None:
     document = await served(tmp_path)
-    registry: Registry[Any] = Registry().with_resource(DOC, Resource(document, DRAFT202012))
+    registry: Registry[Any] = Registry().with_resource(DOC, DRAFT202012.create_resource(document))
     judged = 0
     for vector in all_vectors():
         if vector.schema not in schema_names():

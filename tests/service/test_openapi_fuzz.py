@@ -11,8 +11,8 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.service.serving import serving
 from tests.service.support import HEART_RATE_LAB, add_test_principals
+from tests.support.serving import serving_async
 
 HOOKS = Path(__file__).with_name("st_hooks.py")
 SCHEMATHESIS = Path(sys.executable).with_name("st")
@@ -52,11 +52,11 @@ async def test_schemathesis_finds_no_server_errors(tmp_path: Path) -> None:
     data = tmp_path / "data"
     tokens = add_test_principals(data)
     replay = ("--replay", f"ble={HEART_RATE_LAB}", "--replay-speed", "10")
-    async with serving("--data-dir", data, *replay, log=tmp_path / "serve.log") as served:
-        caller = await anyio.to_thread.run_sync(_run_schemathesis, served.url, tokens["alice"], tmp_path)
+    async with serving_async("--data-dir", data, *replay, log=tmp_path / "serve.log") as served:
+        caller = await anyio.to_thread.run_sync(_run_schemathesis, served.base_url, tokens["alice"], tmp_path)
         admin = ("--include-path-regex", "^/v1/admin/")
         operator = await anyio.to_thread.run_sync(
-            _run_schemathesis, served.url, tokens["root"], tmp_path, *admin
+            _run_schemathesis, served.base_url, tokens["root"], tmp_path, *admin
         )
     for result in (caller, operator):
         assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from connector.storage.files import make_private_dir
-from tests.service.support import RecordingFactory, harness, scan_directive, straps
+from tests.service.support import RecordingFactory, harness, straps
+from tests.support.directives import scan_directive
 
 
 def modes(root: Path) -> dict[str, int]:

@@ -13,23 +13,21 @@ import anyio
 import httpx
 import pytest
 
-from tests.service.serving import serve_command, serving, spawn, wait_exit
 from tests.service.support import (
     HEART_RATE_LAB,
     INFO,
     REDACT,
-    SHIPPED_CATALOG,
-    SHIPPED_TRUST,
     SLEEP,
     STUBBORN,
     TERMINAL,
     add_test_principals,
     assert_valid,
     candidates_of,
-    command_directive,
-    scan_directive,
     write_test_catalog,
 )
+from tests.support.catalogs import SHIPPED_CATALOG, SHIPPED_TRUST
+from tests.support.directives import command_directive, scan_directive
+from tests.support.serving import serve_argv, serving_async, spawn, wait_exit
 
 
 async def _poll(
@@ -70,8 +68,8 @@ async def test_replay_end_to_end(tmp_path: Path) -> None:
     log = tmp_path / "serve.log"
     replay = ("--replay", f"ble={HEART_RATE_LAB}", "--replay-speed", "10")
     async with (
-        serving("--data-dir", data, *replay, log=log) as served,
-        httpx.AsyncClient(base_url=served.url, timeout=30) as client,
+        serving_async("--data-dir", data, *replay, log=log) as served,
+        httpx.AsyncClient(base_url=served.base_url, timeout=30) as client,
     ):
         assert (await client.get("/healthz")).status_code == 200
         accepted = await client.post("/v1/directives", json=scan_directive(2), headers=auth)
@@ -112,8 +110,8 @@ async def test_sigterm_stops_sessions_and_work_then_exits_0(tmp_path: Path) -> N
     child = 0
     try:
         async with (
-            serving(*args, log=log) as served,
-            httpx.AsyncClient(base_url=served.url, timeout=30) as client,
+            serving_async(*args, log=log) as served,
+            httpx.AsyncClient(base_url=served.base_url, timeout=30) as client,
         ):
             scan = await client.post("/v1/directives", json=scan_directive(30), headers=auth)
             await _poll(client, scan.headers["location"], tokens["alice"], lambda d: d["status"] == "running")
@@ -122,7 +120,7 @@ async def test_sigterm_stops_sessions_and_work_then_exits_0(tmp_path: Path) -> N
             )
             assert work.status_code == 202
             child = await _pid_from(marker.with_name(marker.name + ".stubborn"))
-            exit_code = await served.stop(signal.SIGTERM, timeout=10)
+            exit_code = await served.stop_async(signal.SIGTERM, timeout=10)
         text = log.read_text()
         assert "shutting down: stopping sessions with confirmed cleanup" in text
         assert not _alive(child)
@@ -143,8 +141,8 @@ async def test_command_results_survive_a_restart_and_dead_work_is_interrupted(tm
     sleeper = 0
     try:
         async with (
-            serving(*args, log=tmp_path / "first.log") as first,
-            httpx.AsyncClient(base_url=first.url, timeout=30) as client,
+            serving_async(*args, log=tmp_path / "first.log") as first,
+            httpx.AsyncClient(base_url=first.base_url, timeout=30) as client,
         ):
             info = await client.post(
                 "/v1/directives", json=command_directive(INFO, "sync", key="info-1"), headers=auth
@@ -162,12 +160,12 @@ async def test_command_results_survive_a_restart_and_dead_work_is_interrupted(tm
             scan = await client.post("/v1/directives", json=scan_directive(30), headers=auth)
             assert scan.status_code == 202
             # The process dies without any chance to clean up; its child is killed with it.
-            assert await first.stop(signal.SIGKILL) == -signal.SIGKILL
+            assert await first.stop_async(signal.SIGKILL) == -signal.SIGKILL
         os.kill(sleeper, signal.SIGKILL)
 
         async with (
-            serving(*args, log=tmp_path / "second.log") as second,
-            httpx.AsyncClient(base_url=second.url, timeout=30) as client,
+            serving_async(*args, log=tmp_path / "second.log") as second,
+            httpx.AsyncClient(base_url=second.base_url, timeout=30) as client,
         ):
             again = await client.get(redact.headers["location"], headers=auth)
             assert again.status_code == 200
@@ -201,7 +199,7 @@ async def test_serve_refuses_a_tampered_catalog_with_exit_2(tmp_path: Path) -> N
     catalog.write_text(json.dumps(document, indent=2), encoding="utf-8")
     shutil.copy(SHIPPED_CATALOG.with_name("actions.json.sig"), tmp_path / "actions.json.sig")
     log = tmp_path / "serve.log"
-    argv = serve_command("--data-dir", tmp_path / "data", "--catalog", catalog, "--trust", SHIPPED_TRUST)
+    argv = serve_argv("--data-dir", tmp_path / "data", "--catalog", catalog, "--trust", SHIPPED_TRUST)
     assert await wait_exit(spawn(argv, log), 30) == 2
     text = log.read_text()
     assert "catalog refused (catalog-bad-signature)" in text
@@ -212,8 +210,8 @@ async def test_serve_refuses_a_tampered_catalog_with_exit_2(tmp_path: Path) -> N
 async def test_keep_alive_requests_are_not_delayed(tmp_path: Path) -> None:
     """Accepted sockets need TCP_NODELAY: uvicorn writes headers and body separately (Nagle + delayed ACK)."""
     async with (
-        serving("--data-dir", tmp_path / "data", log=tmp_path / "serve.log") as served,
-        httpx.AsyncClient(base_url=served.url) as client,
+        serving_async("--data-dir", tmp_path / "data", log=tmp_path / "serve.log") as served,
+        httpx.AsyncClient(base_url=served.base_url) as client,
     ):
         assert (await client.get("/healthz")).status_code == 200
         latencies = []
