@@ -131,7 +131,7 @@ async def scan(manager: DiscoveryManager, provider: MdnsProvider, command: dict[
         action_id="device.discovery.scan",
         scope=scope,
         profile=profile(command["ttl_s"]),
-        provider=provider,  # type: ignore[arg-type]
+        provider=provider,
         now_ms=now,
         window_end_ms=now + command["window_s"] * 1000,
         cut_by_deadline=False,

@@ -94,7 +94,7 @@ async def test_sessions_are_per_sender_and_discovering_while_any_holds_one(
         again = await client.call("StartDiscovery")
         assert again.error_name == "org.bluez.Error.InProgress"
         assert (await other.call("StartDiscovery")).message_type == MessageType.METHOD_RETURN
-        assert sorted(bluez.clients()) == sorted([client.bus.unique_name, other.bus.unique_name])
+        assert sorted(bluez.clients()) == sorted([str(client.bus.unique_name), str(other.bus.unique_name)])
         await client.call("StopDiscovery")
         assert bluez.discovering() and bluez.clients() == [other.bus.unique_name]
     finally:

@@ -185,7 +185,7 @@ async def test_the_interfaces_are_chosen_again_at_every_session_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     choices: list[object] = []
-    real_select = mdns_module.select_interfaces
+    real_select = mdns_module.select_interfaces  # type: ignore[attr-defined]
 
     def recording_select(setting: Any) -> Any:
         choices.append(setting)
@@ -554,7 +554,7 @@ async def test_aclose_stops_every_session_although_one_raises(
     async def broken_stop() -> None:
         raise ValueError(f"canary {SENSORS}")
 
-    first.stop = broken_stop  # type: ignore[method-assign]
+    first.stop = broken_stop  # type: ignore[method-assign,assignment]
     with caplog.at_level(logging.WARNING, logger="sensorium.mdns"):
         await mdns.aclose()
     assert await all_closed(sockets)

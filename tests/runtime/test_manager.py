@@ -64,9 +64,9 @@ async def test_revisions_strictly_increase_under_a_crowd_and_concurrent_polls(fi
         (p for polls in pollers for p in polls if "progress" in p), key=lambda p: p["progress"]["revision"]
     )
     by_revision: dict[int, str] = {}
-    for poll in merged:
-        snapshot = dumps(poll["progress"]["snapshot"])
-        assert by_revision.setdefault(poll["progress"]["revision"], snapshot) == snapshot
+    for status in merged:
+        snapshot = dumps(status["progress"]["snapshot"])
+        assert by_revision.setdefault(status["progress"]["revision"], snapshot) == snapshot
 
 
 @pytest.mark.asyncio

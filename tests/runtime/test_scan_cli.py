@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from rich.console import Console
 
+from connector.cli.live_view import render_live
 from connector.cli.main import main
-from connector.cli.scan_cmd import render_live
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from providers.replay import ReplayProvider
 from tests.runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start
@@ -163,6 +163,7 @@ def test_usage_and_input_errors_exit_2_with_one_line(
     args: list[str], reason: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.chdir(REPO)
+    code: int | str | None
     try:
         code = main(["scan", *args])
     except SystemExit as exit_:
