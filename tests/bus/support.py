@@ -24,6 +24,7 @@ from connector.service.assembly import Assembled, ConnectorConfig, assemble, pro
 from providers.base import ObservationSink, Provider, ProviderCapabilities, ProviderSession
 from tests.support.catalogs import SHIPPED_TRUST, command_action, signed_catalog
 from tests.support.directives import scan_directive
+from tests.support.fixtures import write_fixture
 from tests.support.principals import Tokens, create_principals
 
 HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
@@ -95,23 +96,6 @@ def needles(values: Mapping[str, str]) -> dict[str, bytes]:
         found[f"{name}/sha1"] = hashlib.sha1(raw).hexdigest().encode()
         found[f"{name}/base64"] = base64.b64encode(raw).rstrip(b"=")
     return found
-
-
-def write_fixture(path: Path, transport: str, lines: Sequence[Mapping[str, Any]]) -> Path:
-    """A synthesised `sensorium-hw-fixture.v1` JSON Lines file."""
-    header: dict[str, Any] = {
-        "fixture": "sensorium-hw-fixture.v1",
-        "transport": transport,
-        "source": "synthesised",
-        "recorded_at": "2026-11-30T09:00:00Z",
-        "versions": {"generator": "tests/bus", "format": 1},
-        "notes": "Synthesised by a Bus test.",
-    }
-    if transport == "ble":
-        header["adapter"] = "hci0"
-    text = "\n".join(json.dumps(line, separators=(",", ":")) for line in (header, *lines))
-    path.write_text(text + "\n", encoding="utf-8")
-    return path
 
 
 def canary_fixtures(directory: Path, c: Canaries) -> dict[str, Path]:

@@ -19,9 +19,10 @@ from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from tests.support.catalogs import REPO
 from tests.support.clocks import OffsetClock
 from tests.support.directives import scan_directive
+from tests.support.fixtures import write_fixture
 from tests.support.principals import Tokens
 
-from .serve_process import add_test_principals, write_fixture
+from .serve_process import add_test_principals
 
 HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 BASE_URL = "http://127.0.0.1:8787"

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
@@ -84,21 +83,3 @@ def wait_host_status(
         if document["status"] in until or time.monotonic() > deadline:
             return document
         time.sleep(interval)
-
-
-def write_fixture(path: Path, transport: str, lines: Sequence[Mapping[str, Any]]) -> Path:
-    """A synthesised `sensorium-hw-fixture.v1` JSON Lines file."""
-    header = {
-        "fixture": "sensorium-hw-fixture.v1",
-        "transport": transport,
-        "source": "synthesised",
-        "recorded_at": "2026-11-30T09:00:00Z",
-        "adapter": "hci0" if transport == "ble" else None,
-        "versions": {"generator": "tests", "format": 1},
-        "notes": "Synthesised by a test.",
-    }
-    if header["adapter"] is None:
-        del header["adapter"]
-    text = "\n".join(json.dumps(line, separators=(",", ":")) for line in (header, *lines))
-    path.write_text(text + "\n", encoding="utf-8")
-    return path

@@ -32,9 +32,9 @@ from tests.console.serve_process import (
     start_host_scan,
     start_replay_serve,
     wait_host_status,
-    write_fixture,
 )
 from tests.support.directives import scan_directive
+from tests.support.fixtures import write_fixture
 from tests.support.principals import Tokens
 from tests.support.serving import ServeProcess
 

@@ -28,6 +28,7 @@ from connector.runtime.claims import claim_key
 from connector.runtime.manager import DiscoveryManager, wall_clock_ms
 from providers.ble import BleProvider, BleSession
 from tests.providers.bluez_mock import BluezController, bluez
+from tests.support.waiting import poll
 
 __all__ = ["bluez"]  # the fixture, imported above
 
@@ -90,13 +91,11 @@ async def poll_until(
     manager: DiscoveryManager, operation_id: str, predicate: Any, limit_s: float = 5.0
 ) -> list[dict[str, Any]]:
     """Poll every 20 ms until `predicate(status)`; returns every status seen."""
-    polls: list[dict[str, Any]] = []
-    with anyio.fail_after(limit_s):
-        while True:
-            polls.append(manager.status(operation_id))
-            if predicate(polls[-1]):
-                return polls
-            await anyio.sleep(0.02)
+
+    async def status() -> dict[str, Any]:
+        return manager.status(operation_id)
+
+    return await poll(status, predicate, timeout=limit_s, interval=0.02)
 
 
 def snapshot_labels(status: dict[str, Any]) -> list[str]:

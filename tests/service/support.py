@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 
 from connector.contract.validate import validate
@@ -22,6 +21,7 @@ from providers.faults import Fault, FaultProvider
 from tests.support.catalogs import command_action, example_catalog, new_operator, signed_catalog
 from tests.support.clocks import OffsetClock
 from tests.support.principals import Tokens, create_principals
+from tests.support.waiting import poll
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = REPO_ROOT / "hw-fixtures"
@@ -171,15 +171,14 @@ class Harness:
         interval: float = 0.05,
     ) -> list[dict[str, Any]]:
         """Poll a status until `until` holds; every poll is returned (the last one satisfies `until`)."""
-        polls: list[dict[str, Any]] = []
-        with anyio.fail_after(timeout):
-            while True:
-                response = await self.get(who, location)
-                assert response.status_code == 200, response.text
-                polls.append(response.json())
-                if until(polls[-1]):
-                    return polls
-                await anyio.sleep(interval)
+
+        async def get() -> dict[str, Any]:
+            response = await self.get(who, location)
+            assert response.status_code == 200, response.text
+            document: dict[str, Any] = response.json()
+            return document
+
+        return await poll(get, until, timeout=timeout, interval=interval)
 
     def command_rows(self) -> list[tuple[Any, ...]]:
         """Every row of the command operations table (read through a second connection)."""

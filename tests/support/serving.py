@@ -3,11 +3,9 @@
 from __future__ import annotations
 
 import os
-import re
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import AsyncIterator, Iterator, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass
@@ -16,8 +14,9 @@ from pathlib import Path
 import anyio
 import httpx
 
+from connector.testing import wait_serving
+
 REPO = Path(__file__).resolve().parents[2]
-SERVING = re.compile(r"serving on (http://127\.0\.0\.1:\d+)")
 
 
 def cli_env(token: str | None = None) -> dict[str, str]:
@@ -91,37 +90,14 @@ class ServeProcess:
         return await anyio.to_thread.run_sync(self.stop, sig, timeout)
 
 
-def wait_serving(process: subprocess.Popen[bytes], log: Path, *, timeout: float, healthy: bool) -> str:
-    """The base URL from the `serving on` log line (once `/healthz` answers 200, when `healthy`)."""
-    deadline = time.monotonic() + timeout
-    while (found := SERVING.search(log.read_text(encoding="utf-8", errors="replace"))) is None:
-        if process.poll() is not None:
-            raise AssertionError(f"serve exited with {process.returncode} before serving")
-        if time.monotonic() > deadline:
-            raise AssertionError("serve did not log its URL in time")
-        time.sleep(0.05)
-    url = found.group(1)
-    if healthy:
-        with httpx.Client(base_url=url, timeout=2.0) as client:
-            while client.get("/healthz").status_code != 200:
-                if time.monotonic() > deadline:
-                    raise AssertionError("serve did not become healthy in time")
-                time.sleep(0.05)
-    return url
-
-
 def start_serve(
-    *args: str | Path,
-    log: Path,
-    stdout: Path | None = None,
-    healthy: bool = True,
-    timeout: float = 30.0,
+    *args: str | Path, log: Path, stdout: Path | None = None, timeout: float = 30.0
 ) -> ServeProcess:
-    """Start `serve ARGS`; returns once it logged its URL (and `/healthz` is 200, when `healthy`)."""
+    """Start `serve ARGS`; returns once it logged its URL and `/healthz` answers 200."""
     log.parent.mkdir(parents=True, exist_ok=True)
     process = spawn(serve_argv(*args), log, stdout=stdout)
     try:
-        return ServeProcess(process, wait_serving(process, log, timeout=timeout, healthy=healthy), log)
+        return ServeProcess(process, wait_serving(process, log, timeout), log)
     except BaseException:
         process.kill()
         process.wait(timeout=10)
@@ -130,10 +106,10 @@ def start_serve(
 
 @contextmanager
 def serving(
-    *args: str | Path, log: Path, stdout: Path | None = None, healthy: bool = True, timeout: float = 30.0
+    *args: str | Path, log: Path, stdout: Path | None = None, timeout: float = 30.0
 ) -> Iterator[ServeProcess]:
     """`start_serve` that always ends the process (SIGTERM, else SIGKILL)."""
-    server = start_serve(*args, log=log, stdout=stdout, healthy=healthy, timeout=timeout)
+    server = start_serve(*args, log=log, stdout=stdout, timeout=timeout)
     try:
         yield server
     finally:
@@ -142,13 +118,9 @@ def serving(
 
 
 @asynccontextmanager
-async def serving_async(
-    *args: str | Path, log: Path, healthy: bool = True, timeout: float = 30.0
-) -> AsyncIterator[ServeProcess]:
+async def serving_async(*args: str | Path, log: Path, timeout: float = 30.0) -> AsyncIterator[ServeProcess]:
     """`serving` for async tests: starting and stopping do not block the event loop."""
-    server = await anyio.to_thread.run_sync(
-        lambda: start_serve(*args, log=log, healthy=healthy, timeout=timeout)
-    )
+    server = await anyio.to_thread.run_sync(lambda: start_serve(*args, log=log, timeout=timeout))
     try:
         yield server
     finally:
