@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from tests.support.catalogs import SHIPPED_TRUST
+from tests.support.paths import SHIPPED_TRUST
 from tests.support.serving import ServeProcess, start_serve
 
 from .support import BusEnv

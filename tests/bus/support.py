@@ -22,9 +22,10 @@ from connector.bus.client import BusClient
 from connector.core.scope import DiscoveryScope
 from connector.service.assembly import Assembled, ConnectorConfig, assemble, provider_factory
 from providers.base import ObservationSink, Provider, ProviderCapabilities, ProviderSession
-from tests.support.catalogs import SHIPPED_TRUST, command_action, signed_catalog
+from tests.support.catalogs import command_action, signed_catalog
 from tests.support.directives import scan_directive
 from tests.support.fixtures import write_fixture
+from tests.support.paths import SHIPPED_TRUST
 from tests.support.principals import Tokens, create_principals
 
 HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"

@@ -14,7 +14,8 @@ import pytest
 
 from connector.catalog.state import highest_accepted_version
 from connector.cli import catalog_cmd
-from tests.support.catalogs import REPO, SHIPPED_CATALOG, example_catalog
+from tests.support.catalogs import example_catalog
+from tests.support.paths import REPO, SHIPPED_CATALOG
 
 from .helpers import CANARY
 

@@ -12,15 +12,8 @@ from connector.catalog.loader import load_verified_catalog
 from connector.catalog.signing import VerifiedCatalog
 from connector.catalog.state import STATE_FILE, highest_accepted_version, record_accepted_version
 from connector.errors import CatalogError
-from tests.support.catalogs import (
-    SHIPPED_CATALOG,
-    SHIPPED_TRUST,
-    TEST_KEYS,
-    Operator,
-    example_catalog,
-    new_operator,
-    write_signed,
-)
+from tests.support.catalogs import Operator, example_catalog, new_operator, write_signed
+from tests.support.paths import SHIPPED_CATALOG, SHIPPED_TRUST, TEST_KEYS
 
 from .helpers import CANARY, NOW, error_text
 

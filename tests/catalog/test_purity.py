@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from tests.support.catalogs import REPO
+from tests.support.paths import REPO
 
 FORBIDDEN = ("anyio", "asyncio", "bleak", "serial", "zeroconf", "aiosqlite", "sqlite3", "fastapi", "nats")
 

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ValidationError
 from connector.catalog.signing import parse_catalog, parse_signature
 from connector.contract.catalog_models import ActionCatalog, CatalogSignature
 from connector.errors import CatalogError
-from tests.support.catalogs import REPO, SHIPPED_CATALOG
+from tests.support.paths import REPO, SHIPPED_CATALOG
 
 SCHEMAS = REPO / "schemas"
 MODELS: dict[str, type[BaseModel]] = {

@@ -16,10 +16,10 @@ from fastapi import APIRouter
 from connector.api.console import console_router
 from connector.host.service import HostService
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
-from tests.support.catalogs import REPO
 from tests.support.clocks import OffsetClock
 from tests.support.directives import scan_directive
 from tests.support.fixtures import write_fixture
+from tests.support.paths import REPO
 from tests.support.principals import Tokens
 
 from .serve_process import add_test_principals

@@ -10,8 +10,8 @@ from typing import Any
 
 import httpx
 
-from tests.support.catalogs import SHIPPED_CATALOG, SHIPPED_TRUST
 from tests.support.directives import SCAN
+from tests.support.paths import SHIPPED_CATALOG, SHIPPED_TRUST
 from tests.support.principals import Tokens, create_principals
 from tests.support.serving import ServeProcess, start_serve
 

@@ -12,8 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.support.catalogs import REPO
 from tests.support.directives import scan_directive
+from tests.support.paths import REPO
 
 from .conftest import BleCanaries, ble_fixture
 from .serve_process import add_test_principals, host_status, replay_serving, start_host_scan

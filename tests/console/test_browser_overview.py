@@ -17,10 +17,11 @@ import httpx
 import pytest
 
 from connector.testing import MockConnector, start_connector
+from tests.support.paths import REPO
 
 from .test_browser import CHROMIUM, CHROMIUM_ARGS
 
-ARTIFACTS = Path(__file__).resolve().parents[2] / "test-artifacts"
+ARTIFACTS = REPO / "test-artifacts"
 HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}

@@ -23,8 +23,8 @@ from connector.api.console import console_router
 from connector.cli.serve_cmd import known_adapters
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from connector.service.operations import LiveConnectorOperations
-from tests.support.catalogs import REPO
 from tests.support.directives import scan_directive
+from tests.support.paths import REPO
 from tests.support.principals import Tokens
 
 from .conftest import BASE_URL, HEART_RATE, csrf_of

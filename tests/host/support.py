@@ -16,11 +16,10 @@ from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from providers.base import Provider
 from tests.support import catalogs
 from tests.support.catalogs import command_action
+from tests.support.paths import HW_FIXTURES, REPO
 from tests.support.principals import Tokens, bearer, create_principals
 from tests.support.waiting import poll
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "hw-fixtures"
 HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 PROGRAMS = REPO / "tests" / "commands" / "programs.py"
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "expired", "unknown"}
@@ -72,7 +71,7 @@ async def host_app(
         data_dir=data_dir,
         catalog=config.pop("catalog", REPO / "catalog" / "actions.json"),
         trust_dir=REPO / "catalog" / "trust",
-        replay=replay if replay is not None else {"ble": FIXTURES / "ble-heart-rate-lab.jsonl"},
+        replay=replay if replay is not None else {"ble": HW_FIXTURES / "ble-heart-rate-lab.jsonl"},
         replay_speed=replay_speed,
         **config,
     )

@@ -25,9 +25,9 @@ from connector.storage.registry import (
     RegistryError,
 )
 from tests.host.records import T0, discovery_metadata, new_op_id, record
+from tests.support.paths import REPO
 
 pytestmark = pytest.mark.asyncio
-REPO = Path(__file__).resolve().parents[2]
 
 
 async def _status(

@@ -18,9 +18,9 @@ import pytest
 
 from connector.cli.serve_cmd import extra_routers
 from connector.storage.registry import REGISTRY_RELATIVE_PATH
-from tests.host.support import FIXTURES, add_principals, check, host_app, poll_until, terminal
-from tests.support.catalogs import SHIPPED_CATALOG, SHIPPED_TRUST
+from tests.host.support import add_principals, check, host_app, poll_until, terminal
 from tests.support.directives import command_directive, scan_directive
+from tests.support.paths import HW_FIXTURES, SHIPPED_CATALOG, SHIPPED_TRUST
 from tests.support.principals import bearer
 from tests.support.serving import serving
 
@@ -79,7 +79,7 @@ async def test_terminal_metadata_is_forgotten_after_retention(tmp_path: Path) ->
 def _serve(data_dir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """A real `serve` on 127.0.0.1, port chosen by the OS, BLE replayed at real speed."""
     args: list[str | Path] = ["--data-dir", data_dir, "--catalog", SHIPPED_CATALOG, "--trust", SHIPPED_TRUST]
-    args += ["--replay", f"ble={FIXTURES / 'ble-heart-rate-lab.jsonl'}"]
+    args += ["--replay", f"ble={HW_FIXTURES / 'ble-heart-rate-lab.jsonl'}"]
     with serving(*args, log=log, stdout=log) as server:
         yield server.process, server.base_url
 

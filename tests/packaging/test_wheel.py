@@ -20,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from connector.resources import version
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 FIXTURE = REPO / "hw-fixtures" / "ble-heart-rate-lab.jsonl"
 
 

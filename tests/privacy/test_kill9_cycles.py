@@ -34,9 +34,9 @@ from connector.bus.client import BusClient
 from connector.core.authority import make_grant
 from connector.storage.principals import add_principal
 from tests.bus.broker import NatsServer
-from tests.support.catalogs import SHIPPED_CATALOG, SHIPPED_TRUST
 from tests.support.directives import scan_directive
 from tests.support.fixtures import write_fixture
+from tests.support.paths import SHIPPED_CATALOG, SHIPPED_TRUST
 from tests.support.serving import start_serve
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]

@@ -17,8 +17,8 @@ from connector.core.observations import Observation
 from connector.core.scope import DiscoveryProfile, DiscoveryScope
 from connector.core.snapshot import CandidateTable
 from connector.errors import ProviderError
+from tests.support.paths import REPO
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
 HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 ENV_SENSING = "0000181a-0000-1000-8000-00805f9b34fb"
 # The command alone, as `sensorium-connector` would parse it (other subcommands are not needed here).
@@ -86,7 +86,7 @@ def spawn_cli(argv: Sequence[str]) -> subprocess.Popen[str]:
     """`sensorium-connector fixtures ...` in a child process (stderr piped, text mode)."""
     return subprocess.Popen(
         [sys.executable, "-c", CLI_SCRIPT, *argv],
-        cwd=REPO_ROOT,
+        cwd=REPO,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

@@ -5,9 +5,9 @@ from __future__ import annotations
 import json
 import re
 
-from .support import REPO_ROOT
+from tests.support.paths import REPO
 
-FIXTURES = REPO_ROOT / "hw-fixtures"
+FIXTURES = REPO / "hw-fixtures"
 ROW = re.compile(r"^\| `(?P<file>[^`]+\.jsonl)` \| (?P<transport>[a-z-]+) \| (?P<source>[a-z]+) \|", re.M)
 
 

@@ -28,9 +28,10 @@ from connector.runtime.recorder import (
 from providers.mdns import MdnsProvider
 from providers.replay import ReplayProvider
 from tests.providers.mdns_peer import LOOPBACK, Responder, run_instance, run_service_type
+from tests.support.paths import REPO
 from tests.support.waiting import wait_until
 
-from .support import CLI_SCRIPT, REPO_ROOT, TableSink, content, fixture_lines, spawn_cli
+from .support import CLI_SCRIPT, TableSink, content, fixture_lines, spawn_cli
 
 LAMPS = run_service_type("rlm")
 KITCHEN = run_instance("Kitchen Lamp")
@@ -173,7 +174,7 @@ async def test_the_cli_learns_the_types_and_records_them(tmp_path: Path) -> None
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-c", CLI_SCRIPT, "fixtures", "record", "--transport", "mdns", "--seconds", "3",
             "--types-seconds", "2", "--mdns-interfaces", LOOPBACK, "-o", str(target),
-            cwd=REPO_ROOT, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+            cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         _, stderr = await asyncio.wait_for(child.communicate(), 30)
     assert child.returncode == 0, stderr.decode()

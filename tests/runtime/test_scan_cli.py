@@ -10,7 +10,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
 from rich.console import Console
@@ -21,8 +20,8 @@ from connector.core.scope import DiscoveryScope, ScopeFilter
 from providers.replay import ReplayProvider
 from tests.runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start
 from tests.runtime.support import ble_scope
+from tests.support.paths import REPO
 
-REPO = Path(__file__).resolve().parents[2]
 HRM_LAB = "hw-fixtures/ble-heart-rate-lab.jsonl"
 OFFICE = "hw-fixtures/ble-office-crowd.jsonl"
 USB_IDS = ((0x0403, 0x6001), (0x2341, 0x0043), (0x10C4, 0xEA60))

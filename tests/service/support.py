@@ -20,12 +20,11 @@ from connector.storage.state import STATE_RELATIVE_PATH
 from providers.faults import Fault, FaultProvider
 from tests.support.catalogs import command_action, example_catalog, new_operator, signed_catalog
 from tests.support.clocks import OffsetClock
+from tests.support.paths import HW_FIXTURES
 from tests.support.principals import Tokens, create_principals
 from tests.support.waiting import poll
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-FIXTURES = REPO_ROOT / "hw-fixtures"
-HEART_RATE_LAB = FIXTURES / "ble-heart-rate-lab.jsonl"
+HEART_RATE_LAB = HW_FIXTURES / "ble-heart-rate-lab.jsonl"
 
 SCAN = "device.discovery.scan"
 REDACT = "whisper.redaction.prepare"

@@ -25,8 +25,8 @@ from tests.service.support import (
     candidates_of,
     write_test_catalog,
 )
-from tests.support.catalogs import SHIPPED_CATALOG, SHIPPED_TRUST
 from tests.support.directives import command_directive, scan_directive
+from tests.support.paths import SHIPPED_CATALOG, SHIPPED_TRUST
 from tests.support.serving import serve_argv, serving_async, spawn, wait_exit
 
 

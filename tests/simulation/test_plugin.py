@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+
 pytestmark = pytest.mark.serve
 
 CONFTEST = 'pytest_plugins = ["connector.testing"]\n'

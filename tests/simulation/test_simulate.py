@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from connector.testing import MockConnector, start_connector
+from tests.support.paths import HW_FIXTURES
 
 pytestmark = pytest.mark.serve
 
@@ -159,7 +160,7 @@ def test_an_unacknowledged_stop_holds_the_claim_until_a_later_ack(
 def test_simulation_routes_are_not_found_without_simulate(tmp_path: Path) -> None:
     from connector.testing import start_connector as start
 
-    replay = Path(__file__).resolve().parents[2] / "hw-fixtures" / "ble-heart-rate-lab.jsonl"
+    replay = HW_FIXTURES / "ble-heart-rate-lab.jsonl"
     with start(tmp_path, simulate=None, replay={"ble": replay}) as plain:
         headers = {"Authorization": f"Bearer {plain.operator_token}"}
         for method, path in (("POST", "/v1/sim/ble/devices"), ("POST", "/v1/sim/ble/adapter")):

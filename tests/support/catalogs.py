@@ -14,11 +14,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from connector.catalog.keys import generate_key_pair, load_private_key
 from connector.catalog.signing import sign_catalog
+from tests.support.paths import SHIPPED_CATALOG, TEST_KEYS
 
-REPO = Path(__file__).resolve().parents[2]
-SHIPPED_CATALOG = REPO / "catalog" / "actions.json"
-SHIPPED_TRUST = REPO / "catalog" / "trust"
-TEST_KEYS = REPO / "tests" / "keys"
 TEST_KEY = TEST_KEYS / "26d160dae106b7bb.key"  # its public half is in SHIPPED_TRUST
 
 

@@ -15,8 +15,7 @@ import anyio
 import httpx
 
 from connector.testing import wait_serving
-
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
 
 
 def cli_env(token: str | None = None) -> dict[str, str]:

@@ -14,11 +14,11 @@ import shutil
 import subprocess
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+
 TMUX = shutil.which("tmux")
 OFFICE = "hw-fixtures/ble-office-crowd.jsonl"
 pytestmark = [

@@ -18,9 +18,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.paths import REPO
+
 pytestmark = pytest.mark.serve
 
-REPO = Path(__file__).resolve().parents[2]
 README = (REPO / "README.md").read_text(encoding="utf-8")
 _BLOCK = re.compile(r"```bash\n(.*?)```", re.S)
 _SERVING = re.compile(r"serving on (http://127\.0\.0\.1:\d+)")
