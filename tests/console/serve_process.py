@@ -17,8 +17,9 @@ from tests.support.serving import ServeProcess, start_serve
 
 
 def add_test_principals(data_dir: Path) -> Tokens:
-    """A caller allowed to scan every transport and an operator."""
-    return create_principals(data_dir, {"caller": [SCAN]}, ["operator"])
+    """`caller-1`, allowed to scan every transport, and the operator `operator-1`: as `caller`, `operator`."""
+    made = create_principals(data_dir, {"caller-1": [SCAN]}, ["operator-1"])
+    return Tokens(caller=made["caller-1"], operator=made["operator-1"])
 
 
 def start_replay_serve(
