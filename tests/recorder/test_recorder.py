@@ -145,6 +145,7 @@ async def test_a_refused_stop_keeps_the_complete_file_but_says_so(tmp_path: Path
     target = tmp_path / "ble.jsonl"
     provider = FaultProvider(TIMELINE, fault=Fault(stop_plan=(RAISE,)))
     result = await recorder_for(provider, target).run(0.4)
+    await provider.unplug()
     assert (result.outcome, result.written, result.stop_confirmed) == (RecordingOutcome.RECORDED, True, False)
     assert result.error is not None and result.error.code == "cleanup-unconfirmed"
     assert len(fixture_lines(target)) == 4
@@ -156,6 +157,7 @@ async def test_a_hanging_stop_is_bounded(tmp_path: Path) -> None:
     started = asyncio.get_running_loop().time()
     result = await recorder_for(provider, tmp_path / "ble.jsonl", cleanup_ms=100).run(0.2)
     assert asyncio.get_running_loop().time() - started < 3
+    await provider.unplug()
     assert not result.stop_confirmed and result.error is not None
     assert result.error.code == "cleanup-unconfirmed"
 
@@ -192,6 +194,7 @@ async def test_nothing_about_devices_reaches_the_logs(
     caplog.set_level(logging.DEBUG)
     refused = FaultProvider(TIMELINE, fault=Fault(stop_plan=(RAISE,)))
     await recorder_for(refused, tmp_path / "a.jsonl").run(0.3)
+    await refused.unplug()
     await recorder_for(FaultProvider(TIMELINE, fault=Fault(fail_at_ms=50)), tmp_path / "b.jsonl").run(1)
     text = caplog.text.lower()
     assert ADDRESS.lower() not in text and "strap" not in text and "a.jsonl" not in text
