@@ -450,15 +450,21 @@ class ConnectorService:
         ref = await self.locate(self.authenticate(token), op_id)
         wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
         if not wait:
-            return Done(await self._current_status(ref))
+            return self._deliver(op_id, await self._current_status(ref))
         if ref.kind == "command":
             document = await self.commands.wait_status(op_id, wait)
         elif ref.record is not None:
             document = await self._discovery_status(ref)  # ended: nothing will change any more
         else:
             document = await self._wait_for_change(ref, after_revision, wait)
+        delivered = self._deliver(op_id, document)
         # Authority is checked again after the wait: a revocation meanwhile answers as for anyone else.
         await self.locate(self.authenticate(token), op_id)
+        return delivered
+
+    def _deliver(self, op_id: str, document: dict[str, Any]) -> Done:
+        """A status leaves for its caller: the candidates in it count as disclosed from now on."""
+        self.discovery.mark_disclosed(op_id, document)
         return Done(document)
 
     async def _current_status(self, ref: OperationRef) -> dict[str, Any]:
@@ -491,10 +497,10 @@ class ConnectorService:
         """POST /v1/operations/{id}/cancel: the status after the request."""
         ref = await self.locate(self.authenticate(token), op_id)
         if ref.kind == "command":
-            return Done(await self.commands.cancel(op_id))
+            return self._deliver(op_id, await self.commands.cancel(op_id))
         if self.discovery.find(op_id) is not None:
-            return Done(self.discovery.cancel(op_id))
-        return Done(await self._discovery_status(ref))  # ended: the unchanged status
+            return self._deliver(op_id, self.discovery.cancel(op_id))
+        return self._deliver(op_id, await self._discovery_status(ref))  # ended: the unchanged status
 
     async def select(self, token: str | None, op_id: str, body: Any) -> Done:
         """POST /v1/operations/{id}/selection: remember a candidate of a running snapshot (memory only)."""
