@@ -172,7 +172,9 @@ async def assemble(
     async with AsyncExitStack() as stack:
         state = await stack.enter_async_context(await ConnectorState.open(config.data_dir))
         commands = await stack.enter_async_context(
-            CommandRunner(state, listener=lambda event, op: telemetry.emit(command_event(event, op)))
+            CommandRunner(
+                state, clock=clock, listener=lambda event, op: telemetry.emit(command_event(event, op))
+            )
         )
         interrupted = await commands.recover(clock())
         if interrupted:
@@ -182,6 +184,7 @@ async def assemble(
             _log.info("marked %d discovery operations ended by the restart", marked)
         discovery = await stack.enter_async_context(
             DiscoveryManager(
+                clock=lambda: to_ms(clock()),  # the one clock, in the runtime's milliseconds
                 journal=state,
                 metadata_retention_seconds=config.host_retention_seconds,
                 listener=lambda event, session: telemetry.emit(session_event(event, session)),
