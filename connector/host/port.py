@@ -13,11 +13,12 @@ from typing import Any, Protocol
 
 from connector.core import authority
 from connector.core.lifecycle import Status, is_terminal
+from connector.core.projections import command_metadata
 from connector.errors import SensoriumError
-from connector.host.documents import Kind, command_metadata
+from connector.host.documents import Kind
 from connector.runtime.manager import UnknownOperation
+from connector.service.answers import Accepted, Done
 from connector.service.connector import ConnectorService
-from connector.service.replies import Reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,7 +50,9 @@ class ConnectorPort(Protocol):
     def action(self, action_id: str) -> ActionInfo | None:
         """The catalog action, or None when the catalog no longer has it."""
 
-    async def admit(self, principal: authority.Principal, directive: Any, *, op_key: str | None) -> Reply:
+    async def admit(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+    ) -> Accepted | Done:
         """The connector's admission (SPEC 2) for an authenticated principal."""
 
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
@@ -91,7 +94,9 @@ class InProcessConnector:
             preferred_max_ttl_seconds=profile.preferred_max_ttl_seconds if profile else None,
         )
 
-    async def admit(self, principal: authority.Principal, directive: Any, *, op_key: str | None) -> Reply:
+    async def admit(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+    ) -> Accepted | Done:
         """Admission in SPEC 2 order; `op_key` (a Bus `op`) overrides the idempotency key."""
         return await self.service.invoke_as(principal, directive, op_key=op_key)
 
@@ -125,16 +130,18 @@ class InProcessConnector:
             return await self.service.commands.wait_status(operation_id, wait or 0.0)
         try:
             if wait:
-                return await self.service.discovery.wait_for_change(operation_id, after_revision, wait)
-            return self.service.discovery.status(operation_id)
+                document = await self.service.discovery.wait_for_change(operation_id, after_revision, wait)
+            else:
+                document = self.service.discovery.status(operation_id)
         except UnknownOperation:
             return None
+        return self._delivered(operation_id, document)
 
     async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
         """Discovery: the cancel is recorded and the stop begins; commands: waits for the confirmed end."""
         if kind == "discovery":
             try:
-                return self.service.discovery.cancel(operation_id)
+                return self._delivered(operation_id, self.service.discovery.cancel(operation_id))
             except UnknownOperation:
                 return None
         if not await self._known_command(operation_id):
@@ -152,6 +159,11 @@ class InProcessConnector:
         row = await self.service.commands.operation(operation_id)
         if row is not None and row.cancelable and not is_terminal(Status(row.status)):
             await self.service.commands.cancel(operation_id)
+
+    def _delivered(self, operation_id: str, document: dict[str, Any]) -> dict[str, Any]:
+        """The caller-private status leaves for the host's caller: its candidates count as disclosed."""
+        self.service.discovery.mark_disclosed(operation_id, document)
+        return document
 
     async def _known_command(self, operation_id: str) -> bool:
         return await self.service.commands.operation(operation_id) is not None

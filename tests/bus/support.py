@@ -18,9 +18,9 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from connector.assembly import Assembled, ConnectorConfig, assemble, provider_factory
 from connector.bus.client import BusClient
 from connector.core.scope import DiscoveryScope
-from connector.service.assembly import Assembled, ConnectorConfig, assemble, provider_factory
 from providers.base import ObservationSink, Provider, ProviderCapabilities, ProviderSession
 from tests.support.catalogs import command_action, signed_catalog
 from tests.support.directives import scan_directive

@@ -10,9 +10,9 @@ from typing import Any
 
 import httpx
 
+from connector.api.host_routes import host_router
+from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.contract.validate import validate
-from connector.host.routes import host_router
-from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from providers.base import Provider
 from tests.support import catalogs
 from tests.support.catalogs import command_action

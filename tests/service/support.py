@@ -12,10 +12,10 @@ from typing import Any
 
 import httpx
 
+from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.contract.validate import validate
 from connector.core.authority import Grant, make_grant
 from connector.core.observations import BleObservation, Observation
-from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from connector.storage.state import STATE_RELATIVE_PATH
 from providers.faults import Fault, FaultProvider
 from tests.support.catalogs import command_action, example_catalog, new_operator, signed_catalog

@@ -1,4 +1,7 @@
-"""The composition root: one connector process (state, runners, service, HTTP app) from a configuration."""
+"""The composition root: one connector process (state, runners, service, host, HTTP app, Bus) from a config.
+
+The outermost module: it alone knows every room, and hands each part the small ports it needs.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import anyio
 from fastapi import APIRouter, FastAPI
 from prometheus_client import CollectorRegistry, Gauge
 
-from connector.api.app import Readiness, create_app
+from connector.api.app import create_app
 from connector.bus.adapter import BusAdapter, BusSettings
 from connector.catalog.loader import load_verified_catalog
 from connector.catalog.signing import VerifiedCatalog
@@ -59,6 +62,26 @@ class ConnectorConfig:
     nats_service: str = "sensorium-os"
     # Transports whose providers are simulated backends driven by `/v1/sim/...` (SPEC 13.1); never default.
     simulate: tuple[Transport, ...] = ()
+
+
+@dataclass(slots=True)
+class Readiness:
+    """What `/healthz` waits for (SPEC 9)."""
+
+    catalog_verified: bool = False
+    interrupted_marked: bool = False
+    bus_required: bool = False
+    bus_subscribed: bool = False
+
+    @property
+    def ready(self) -> bool:
+        """True once every start-up duty is done."""
+        bus_ok = self.bus_subscribed or not self.bus_required
+        return self.catalog_verified and self.interrupted_marked and bus_ok
+
+    def mark_bus_subscribed(self) -> None:
+        """The Bus face subscribed to its subjects."""
+        self.bus_subscribed = True
 
 
 @dataclass(slots=True)
@@ -148,22 +171,7 @@ async def assemble(
     telemetry = Telemetry(metrics)
     async with AsyncExitStack() as stack:
         state = await stack.enter_async_context(await ConnectorState.open(config.data_dir))
-        commands = await stack.enter_async_context(
-            CommandRunner(state, listener=lambda event, op: telemetry.emit(command_event(event, op)))
-        )
-        interrupted = await commands.recover(clock())
-        if interrupted:
-            _log.info("marked %d interrupted command operations", len(interrupted))
-        marked = await state.interrupt_discoveries(to_ms(clock()), format_ms(to_ms(clock())))
-        if marked:
-            _log.info("marked %d discovery operations ended by the restart", marked)
-        discovery = await stack.enter_async_context(
-            DiscoveryManager(
-                journal=state,
-                metadata_retention_seconds=config.host_retention_seconds,
-                listener=lambda event, session: telemetry.emit(session_event(event, session)),
-            )
-        )
+        commands, discovery = await _open_runtime(stack, config, state, telemetry, clock)
         service = ConnectorService(
             catalog=catalog,
             principals=PrincipalDirectory(config.data_dir),
@@ -207,13 +215,41 @@ async def assemble(
             await stack.enter_async_context(_open_bus(config, assembled, clock))
         assembled.app = create_app(
             service,
-            readiness=readiness,
+            ready=lambda: readiness.ready,
             metrics=metrics,
             routers=[*routers(assembled), *_simulation_routers(assembled)],
             max_body_bytes=config.max_body_bytes,
             telemetry=telemetry,
         )
         yield assembled
+
+
+async def _open_runtime(
+    stack: AsyncExitStack,
+    config: ConnectorConfig,
+    state: ConnectorState,
+    telemetry: Telemetry,
+    clock: Callable[[], datetime],
+) -> tuple[CommandRunner, DiscoveryManager]:
+    """The command runner and the discovery runtime, on the one clock, once what a restart ended is marked."""
+    commands = await stack.enter_async_context(
+        CommandRunner(state, clock=clock, listener=lambda event, op: telemetry.emit(command_event(event, op)))
+    )
+    interrupted = await commands.recover(clock())
+    if interrupted:
+        _log.info("marked %d interrupted command operations", len(interrupted))
+    marked = await state.interrupt_discoveries(to_ms(clock()), format_ms(to_ms(clock())))
+    if marked:
+        _log.info("marked %d discovery operations ended by the restart", marked)
+    discovery = await stack.enter_async_context(
+        DiscoveryManager(
+            clock=lambda: to_ms(clock()),  # the one clock, in the runtime's milliseconds
+            journal=state,
+            metadata_retention_seconds=config.host_retention_seconds,
+            listener=lambda event, session: telemetry.emit(session_event(event, session)),
+        )
+    )
+    return commands, discovery
 
 
 def _simulation_routers(assembled: Assembled) -> list[APIRouter]:
@@ -261,6 +297,6 @@ def _open_bus(config: ConnectorConfig, assembled: Assembled, clock: Callable[[],
         service=assembled.service,
         registry=assembled.registry,
         data_dir=config.data_dir,
-        readiness=assembled.readiness,
+        on_subscribed=assembled.readiness.mark_bus_subscribed,
         clock=clock,
     )
