@@ -23,12 +23,11 @@ from connector.bus.client import BusClient
 from connector.core.scope import DiscoveryScope
 from providers.base import ObservationSink, Provider, ProviderCapabilities, ProviderSession
 from tests.support.catalogs import command_action, signed_catalog
-from tests.support.directives import scan_directive
+from tests.support.directives import HEART_RATE, scan_directive
 from tests.support.fixtures import write_fixture
 from tests.support.paths import SHIPPED_TRUST
 from tests.support.principals import Tokens, create_principals
 
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 ENVIRONMENT = "0000181a-0000-1000-8000-00805f9b34fb"
 TEST_VID, TEST_PID = 0x1209, 0x0001  # pid.codes test id
 HTTP = "_http._tcp.local."

@@ -16,12 +16,11 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.support.directives import scan_directive
+from tests.support.directives import HEART_RATE, scan_directive
 from tests.support.waiting import wait_until
 
 from .broker import NatsServer
 from .support import (
-    HEART_RATE,
     HTTP,
     TEST_PID,
     TEST_VID,

@@ -17,12 +17,12 @@ import httpx
 import pytest
 
 from connector.testing import MockConnector, start_connector
+from tests.support.directives import HEART_RATE
 from tests.support.paths import REPO
 
 from .test_browser import CHROMIUM, CHROMIUM_ARGS
 
 ARTIFACTS = REPO / "test-artifacts"
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 DESKTOP = {"width": 1280, "height": 900}
 PHONE = {"width": 390, "height": 844}
 

@@ -20,7 +20,6 @@ from tests.support.paths import HW_FIXTURES, REPO
 from tests.support.principals import Tokens, bearer, create_principals
 from tests.support.waiting import poll
 
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 PROGRAMS = REPO / "tests" / "commands" / "programs.py"
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "expired", "unknown"}
 KIND = "sensorium.directive.invoke"

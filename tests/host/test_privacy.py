@@ -18,7 +18,8 @@ import pytest
 
 from connector.storage.registry import DeferredRegistry
 from tests.host.records import record
-from tests.host.support import HEART_RATE, add_principals, check, host_app, poll_until, terminal
+from tests.host.support import add_principals, check, host_app, poll_until, terminal
+from tests.support.directives import HEART_RATE
 from tests.support.fixtures import write_fixture
 from tests.support.principals import bearer
 

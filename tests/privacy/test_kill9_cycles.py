@@ -34,7 +34,7 @@ from connector.bus.client import BusClient
 from connector.core.authority import make_grant
 from connector.storage.principals import add_principal
 from tests.bus.broker import NatsServer
-from tests.support.directives import scan_directive
+from tests.support.directives import HEART_RATE, scan_directive
 from tests.support.fixtures import write_fixture
 from tests.support.paths import SHIPPED_CATALOG, SHIPPED_TRUST
 from tests.support.serving import start_serve
@@ -42,7 +42,6 @@ from tests.support.serving import start_serve
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
 
 CYCLES = int(os.environ.get("SENSORIUM_KILL9_CYCLES", "20"))
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 SCAN = "device.discovery.scan"
 _GAUGE = re.compile(r"^sensorium_discovery_sessions_active (\S+)$", re.M)
 

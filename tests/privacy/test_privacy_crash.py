@@ -33,12 +33,11 @@ from tests.console.serve_process import (
     start_replay_serve,
     wait_host_status,
 )
-from tests.support.directives import scan_directive
+from tests.support.directives import HEART_RATE, scan_directive
 from tests.support.fixtures import write_fixture
 from tests.support.principals import Tokens
 from tests.support.serving import ServeProcess
 
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 ENVIRONMENT = "0000181a-0000-1000-8000-00805f9b34fb"
 TEST_VID, TEST_PID = 0x1209, 0x0001  # pid.codes test id
 HTTP = "_http._tcp.local."

@@ -19,12 +19,12 @@ from connector.core.snapshot import CandidateTable
 from connector.errors import ProviderError
 from tests.support.paths import REPO
 
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 ENV_SENSING = "0000181a-0000-1000-8000-00805f9b34fb"
 # The command alone, as `sensorium-connector` would parse it (other subcommands are not needed here).
 CLI_SCRIPT = """
 import argparse, sys
 from connector.cli import fixtures_cmd
+from tests.support.directives import HEART_RATE
 parser = argparse.ArgumentParser(prog="sensorium-connector")
 fixtures_cmd.register(parser.add_subparsers(dest="command", required=True))
 args = parser.parse_args(sys.argv[1:])

@@ -12,8 +12,9 @@ import pytest
 
 from connector.cli.main import COMMAND_MODULES, main
 from tests.providers.bluez_mock import BluezController, BluezEmulator, bluez, bluez_available
+from tests.support.directives import HEART_RATE
 
-from .support import HEART_RATE, fixture_lines, run_cli, spawn_cli
+from .support import fixture_lines, run_cli, spawn_cli
 
 __all__ = ["bluez"]  # the fixture, imported above
 

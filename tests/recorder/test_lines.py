@@ -24,8 +24,7 @@ from connector.runtime.recorder import (
     recording_scope,
 )
 from providers.replay import parse_fixture
-
-from .support import HEART_RATE
+from tests.support.directives import HEART_RATE
 
 PRINTER_TYPE = "_ipp._tcp.local."
 BLE = BleObservation(

@@ -25,8 +25,9 @@ from connector.runtime.recorder import (
 )
 from providers.faults import HANG, RAISE, Fault, FaultProvider
 from providers.replay import load_fixture
+from tests.support.directives import HEART_RATE
 
-from .support import HEART_RATE, fixture_lines
+from .support import fixture_lines
 
 ADDRESS = "C4:7C:8D:6A:11:22"
 OTHER = "C4:7C:8D:6A:33:44"

@@ -20,6 +20,7 @@ from connector.storage.state import STATE_RELATIVE_PATH
 from providers.faults import Fault, FaultProvider
 from tests.support.catalogs import command_action, example_catalog, new_operator, signed_catalog
 from tests.support.clocks import OffsetClock
+from tests.support.directives import HEART_RATE
 from tests.support.paths import HW_FIXTURES
 from tests.support.principals import Tokens, create_principals
 from tests.support.waiting import poll
@@ -31,7 +32,6 @@ REDACT = "whisper.redaction.prepare"
 INFO = "sensorium.os.info"
 SLEEP = "test.sleep"
 STUBBORN = "test.stubborn"
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 TERMINAL = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
 CANARY = "CANARY-h10-5e1f0c9a"
 

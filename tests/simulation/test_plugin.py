@@ -16,8 +16,8 @@ pytestmark = pytest.mark.serve
 CONFTEST = 'pytest_plugins = ["connector.testing"]\n'
 DOWNSTREAM = '''
 import pytest
+from tests.support.directives import HEART_RATE
 
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 
 
 def test_a_simulated_strap_is_found(sensorium_connector):

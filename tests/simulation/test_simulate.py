@@ -17,11 +17,11 @@ import httpx
 import pytest
 
 from connector.testing import MockConnector, start_connector
+from tests.support.directives import HEART_RATE
 from tests.support.paths import HW_FIXTURES
 
 pytestmark = pytest.mark.serve
 
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 BLE_FILTER = {"service_uuids": [HEART_RATE]}
 
 

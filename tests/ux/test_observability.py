@@ -17,10 +17,10 @@ import httpx
 import pytest
 
 from connector.telemetry.events import LifecycleEvent, format_text
+from tests.support.directives import HEART_RATE
 
 pytestmark = pytest.mark.serve
 
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 
 
 def _sample(metrics: str, name: str, **labels: str) -> float:
