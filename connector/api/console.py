@@ -35,9 +35,9 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from connector.core.authority import Principal
 from connector.core.candidates import format_ms
+from connector.core.clock import wall_clock
 from connector.core.scope import ALL_FILTER_KEYS
 from connector.errors import HTTP_STATUS_BY_CODE, SensoriumError
-from connector.service.connector import wall_clock
 from connector.service.operations import AdapterClaim, ConnectorOperations
 from connector.service.replies import Reply
 

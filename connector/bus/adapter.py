@@ -63,10 +63,11 @@ from connector.bus.store import AnnouncementStore
 from connector.contract.validate import validate
 from connector.core import authority
 from connector.core.admission import find_action
+from connector.core.clock import wall_clock
 from connector.core.ids import OPERATION_KIND, operation_id
 from connector.core.lifecycle import TERMINAL_STATUSES, BusState, Status, is_terminal
 from connector.errors import AdmissionError, SensoriumError
-from connector.service.connector import ConnectorService, wall_clock
+from connector.service.connector import ConnectorService
 from connector.service.replies import Reply
 from connector.storage.registry import DeferredRegistry, OperationRecord
 

@@ -23,11 +23,12 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from connector.core import authority
 from connector.core.canonical import canonical_bytes, sha256_hex
+from connector.core.clock import parse_time, wall_clock
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import IllegalTransition, Status, is_terminal
 from connector.core.policy import DeferredHostPolicy
@@ -47,18 +48,9 @@ _STATUSES = frozenset(s.value for s in Status)
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
 
 
-def wall_clock() -> datetime:
-    """Now, in UTC."""
-    return datetime.now(UTC)
-
-
 def system_jitter() -> float:
     """A uniform draw in [0, 1) for the retry jitter."""
     return secrets.randbelow(1 << 30) / (1 << 30)
-
-
-def _parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 class HostService:
@@ -156,7 +148,7 @@ class HostService:
             now,
             connector_fail_after=connector_handle.get("fail_after_seconds"),
             preferred_max_ttl=action.preferred_max_ttl_seconds,
-            caller_deadline=None if deadline is None else _parse_time(deadline),
+            caller_deadline=None if deadline is None else parse_time(deadline),
         )
         handle = documents.deferred_handle(
             connector_handle,

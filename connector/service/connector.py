@@ -10,7 +10,7 @@ import secrets
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
@@ -20,19 +20,22 @@ from connector.contract.catalog_models import CatalogAction
 from connector.contract.validate import validate
 from connector.core import authority
 from connector.core.admission import (
+    SessionSpec,
     check_execution_mode,
     check_idempotent_replay,
     directive_fingerprint,
     find_action,
     require_status_v2,
 )
+from connector.core.clock import parse_time, to_ms, wall_clock
+from connector.core.commands import CommandAction, check_command_input
 from connector.core.ids import OPERATION_KIND, opaque_id, operation_id, random_operation_id
 from connector.core.lifecycle import Status, is_terminal
 from connector.core.policy import DeferredHostPolicy, discovery_window_end
 from connector.core.projections import status_from_durable
 from connector.core.scope import DiscoveryScope, parse_discovery_input
 from connector.errors import AdmissionError, SensoriumError
-from connector.runtime.commands import CommandAction, CommandRunner, check_command_input
+from connector.runtime.commands import CommandRunner
 from connector.runtime.manager import DiscoveryManager, UnknownOperation
 from connector.service.replies import Reply, error_reply, unknown_operation
 from connector.storage.principals import PrincipalDirectory
@@ -44,21 +47,6 @@ BIND_RETRY_AFTER_SECONDS = 1
 MAX_WAIT_SECONDS = 30
 PRINCIPALS_WATCH_INTERVAL_SECONDS = 1.0
 METADATA_SWEEP_SECONDS = 600.0
-
-
-def wall_clock() -> datetime:
-    """Now, in UTC."""
-    return datetime.now(UTC)
-
-
-def to_ms(moment: datetime) -> int:
-    """Milliseconds since the Unix epoch."""
-    return int(moment.timestamp() * 1000)
-
-
-def parse_time(text: str) -> datetime:
-    """An RFC 3339 UTC time with `Z` (already schema-checked)."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 @dataclass(slots=True)
@@ -332,21 +320,22 @@ class ConnectorService:
         if key is not None:
             self._admitted[op_id] = admitted  # before any await: a concurrent repeat waits for this one
         try:
-            await self.discovery.prepare_scan(
+            timeout_ms = timing.get("timeout_ms")
+            spec = SessionSpec(
                 operation_id=op_id,
                 owner=principal.principal_id,
                 action_id=action.action_id,
                 scope=scope,
                 profile=profile,
-                provider=self._providers(scope.transport, scope.adapter),
-                now_ms=to_ms(now),
+                created_at_ms=to_ms(now),
                 window_end_ms=to_ms(window_end),
                 cut_by_deadline=cut,
-                timeout_ms=timing.get("timeout_ms"),
+                timeout_at_ms=None if timeout_ms is None else to_ms(now) + timeout_ms,
                 expires_at_ms=to_ms(expires_at),
                 causal_context=directive.get("causal/context"),
                 retry_after_seconds=retry_after,
             )
+            await self.discovery.prepare_scan(spec, self._providers(scope.transport, scope.adapter))
             await self.state.insert_discovery(
                 DiscoveryRecord(
                     operation_id=op_id,
