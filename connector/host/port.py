@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from connector.core import authority
 from connector.core.lifecycle import Status, is_terminal
+from connector.core.policy import retry_after
 from connector.errors import SensoriumError
 from connector.host.documents import Kind, command_metadata
 from connector.runtime.manager import UnknownOperation
@@ -83,11 +84,10 @@ class InProcessConnector:
         if action is None:
             return None
         profile = action.deferred_profile
-        retry = profile.retry_after_seconds if profile and profile.retry_after_seconds is not None else 1
         return ActionInfo(
             action_id=action_id,
             kind="discovery" if action.action_class == "discovery" else "command",
-            retry_after_seconds=retry,
+            retry_after_seconds=retry_after(profile),
             preferred_max_ttl_seconds=profile.preferred_max_ttl_seconds if profile else None,
         )
 

@@ -27,8 +27,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from connector.core import authority
+from connector.core.admission import caller_deadline
 from connector.core.canonical import canonical_bytes, sha256_hex
-from connector.core.clock import parse_time, wall_clock
+from connector.core.clock import wall_clock
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import IllegalTransition, Status, is_terminal
 from connector.core.policy import DeferredHostPolicy
@@ -142,13 +143,12 @@ class HostService:
         now = self.clock()
         op_id = connector_handle["connector_operation/id"]
         action = self._action(connector_handle["action_id"])
-        deadline = directive["timing"].get("deadline_at")
         retry = self.policy.effective_retry_after(connector_handle["retry_after_seconds"], self._jitter())
         expires_at = self.policy.effective_expires_at(
             now,
             connector_fail_after=connector_handle.get("fail_after_seconds"),
             preferred_max_ttl=action.preferred_max_ttl_seconds,
-            caller_deadline=None if deadline is None else parse_time(deadline),
+            caller_deadline=caller_deadline(directive),
         )
         handle = documents.deferred_handle(
             connector_handle,
