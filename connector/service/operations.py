@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from connector.core.clock import format_time
-from connector.host.documents import command_metadata
+from connector.core.projections import command_metadata
 from connector.runtime.commands import status_document
 from connector.runtime.manager import DiscoveryManager, UnknownOperation
 from connector.storage.state import CommandOperation, ConnectorState
