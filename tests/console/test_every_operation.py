@@ -65,8 +65,9 @@ async def harness(tmp_path: Path) -> AsyncIterator[tuple[Assembled, httpx.AsyncC
 
 
 async def _admit(assembled: Assembled, tokens: Tokens, transport: str, filters: dict[str, Any]) -> str:
+    principal = assembled.service.authenticate(tokens.caller)
     directive = scan_directive(30, transport=transport, filters=filters)
-    answer = await assembled.service.invoke(tokens.caller, directive)
+    answer = await assembled.service.invoke(principal, directive)
     assert isinstance(answer, Accepted)
     return str(answer.handle["connector_operation/id"])
 
