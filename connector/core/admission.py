@@ -11,7 +11,7 @@ import hmac
 from collections.abc import Mapping, Sequence
 from typing import Any, Final, TypeVar
 
-from connector.core.canonical import canonical_bytes
+from connector.contract.canonical import canonical_bytes
 from connector.errors import AdmissionError
 
 T = TypeVar("T")

@@ -11,7 +11,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from connector.core.canonical import canonical_bytes
+from connector.contract.canonical import canonical_bytes
 from connector.errors import SensoriumError
 
 OPERATION_KIND = "sensorium.directive.invoke"

@@ -26,8 +26,8 @@ from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from connector.contract.canonical import canonical_bytes, sha256_hex
 from connector.core import authority
-from connector.core.canonical import canonical_bytes, sha256_hex
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import IllegalTransition, Status, is_terminal
 from connector.core.policy import DeferredHostPolicy

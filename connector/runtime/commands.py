@@ -43,9 +43,9 @@ import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process, TaskGroup
 
 import connector
+from connector.contract.canonical import canonical_bytes
 from connector.contract.catalog_models import CatalogAction
 from connector.core.admission import check_execution_mode
-from connector.core.canonical import canonical_bytes
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import INTERRUPTED_BY_RESTART, Status, check_transition, is_terminal
 from connector.errors import AdmissionError, SensoriumError

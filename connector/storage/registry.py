@@ -33,7 +33,7 @@ from typing import Any
 import aiosqlite
 import anyio
 
-from connector.core.canonical import canonical_bytes
+from connector.contract.canonical import canonical_bytes
 from connector.core.lifecycle import (
     INTERRUPTED_BY_RESTART,
     TERMINAL_STATUSES,

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from connector.contract.canonical import canonical_bytes
 from connector.core.admission import (
     check_execution_mode,
     check_idempotent_replay,
@@ -17,7 +18,6 @@ from connector.core.admission import (
     find_action,
     require_status_v2,
 )
-from connector.core.canonical import canonical_bytes
 from connector.errors import AdmissionError
 
 SECRET_ACTION = "vendor.secret-action-7f3a"
