@@ -82,12 +82,6 @@ class SensoriumError(Exception):
         return doc
 
 
-class ContractError(SensoriumError):
-    """A document broke its schema or a semantic rule."""
-
-    default_code = "invalid-directive"
-
-
 class AdmissionError(SensoriumError):
     """A directive was refused during admission (SPEC section 2)."""
 

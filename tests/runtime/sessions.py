@@ -77,6 +77,17 @@ async def poll_to_end(
     return polls
 
 
+async def until_terminal(
+    manager: DiscoveryManager, operation_id: str, limit_s: float = 10.0
+) -> dict[str, Any]:
+    """Long-poll until the operation is terminal (its stop settled) and return that status."""
+    with anyio.fail_after(limit_s):
+        status = await manager.wait_for_change(operation_id, None, limit_s)
+        while status["status"] in ("pending", "running"):
+            status = await manager.wait_for_change(operation_id, None, limit_s)
+    return status
+
+
 def assert_valid_polls(polls: Sequence[Mapping[str, Any]]) -> None:
     """The whole poll sequence passes the contract (schema + semantic, cross-poll rules included)."""
     from connector.contract.validate import validate
