@@ -32,21 +32,6 @@ HTTP_STATUS_BY_CODE: Mapping[str, int] = {
     "internal": 500,
 }
 
-# Terminal `error.code` values on statuses (SPEC section 14).
-TERMINAL_ERROR_CODES: frozenset[str] = frozenset(
-    {
-        "provider-unavailable",
-        "provider-failure",
-        "provider-restarted",
-        "cancellation-unconfirmed",
-        "cleanup-unconfirmed",
-        "interrupted-by-restart",
-        "grant-revoked",
-        "response-too-large",
-        "deadline-exceeded",
-    }
-)
-
 
 class SensoriumError(Exception):
     """Root of every error this project raises on purpose; carries a stable `code`."""
