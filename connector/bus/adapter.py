@@ -59,7 +59,6 @@ from connector.bus.messages import (
     unknown_reply,
 )
 from connector.bus.reader import RegistryReader
-from connector.bus.store import AnnouncementStore
 from connector.contract.validate import validate
 from connector.core import authority
 from connector.core.admission import find_action
@@ -68,6 +67,7 @@ from connector.core.lifecycle import TERMINAL_STATUSES, BusState, Status, is_ter
 from connector.errors import AdmissionError, SensoriumError
 from connector.service.connector import ConnectorService, wall_clock
 from connector.service.replies import Reply
+from connector.storage.announcements import AnnouncementStore
 from connector.storage.registry import DeferredRegistry, OperationRecord
 
 _log = logging.getLogger("sensorium.bus")
