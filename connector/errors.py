@@ -67,6 +67,11 @@ class SensoriumError(Exception):
         return doc
 
 
+def unknown_operation() -> SensoriumError:
+    """The one answer for an operation that is not this principal's, never seen, or forgotten."""
+    return SensoriumError("unknown operation", code="unknown-operation")
+
+
 class AdmissionError(SensoriumError):
     """A directive was refused during admission (SPEC section 2)."""
 
