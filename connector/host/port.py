@@ -130,16 +130,18 @@ class InProcessConnector:
             return await self.service.commands.wait_status(operation_id, wait or 0.0)
         try:
             if wait:
-                return await self.service.discovery.wait_for_change(operation_id, after_revision, wait)
-            return self.service.discovery.status(operation_id)
+                document = await self.service.discovery.wait_for_change(operation_id, after_revision, wait)
+            else:
+                document = self.service.discovery.status(operation_id)
         except UnknownOperation:
             return None
+        return self._delivered(operation_id, document)
 
     async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
         """Discovery: the cancel is recorded and the stop begins; commands: waits for the confirmed end."""
         if kind == "discovery":
             try:
-                return self.service.discovery.cancel(operation_id)
+                return self._delivered(operation_id, self.service.discovery.cancel(operation_id))
             except UnknownOperation:
                 return None
         if not await self._known_command(operation_id):
@@ -157,6 +159,11 @@ class InProcessConnector:
         row = await self.service.commands.operation(operation_id)
         if row is not None and row.cancelable and not is_terminal(Status(row.status)):
             await self.service.commands.cancel(operation_id)
+
+    def _delivered(self, operation_id: str, document: dict[str, Any]) -> dict[str, Any]:
+        """The caller-private status leaves for the host's caller: its candidates count as disclosed."""
+        self.service.discovery.mark_disclosed(operation_id, document)
+        return document
 
     async def _known_command(self, operation_id: str) -> bool:
         return await self.service.commands.operation(operation_id) is not None
