@@ -13,7 +13,7 @@ from __future__ import annotations
 from datetime import datetime
 from pathlib import Path
 
-from connector.bus.messages import format_time
+from connector.core.clock import format_time
 from connector.storage.sqlite import SqliteStore
 
 STORE_RELATIVE_PATH = Path("storage") / "bus-announcements.sqlite"
