@@ -8,7 +8,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
-from connector.core.observations import Transport
+from connector.contract.transports import Transport
 from connector.errors import ProviderUnavailable
 from providers.base import Provider
 from providers.replay import FixtureError, ReplayProvider

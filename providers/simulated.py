@@ -30,14 +30,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from connector.core.observations import (
-    TRANSPORTS,
-    BleObservation,
-    MdnsObservation,
-    Observation,
-    Transport,
-    UsbObservation,
-)
+from connector.contract.transports import TRANSPORTS, Transport
+from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
 from connector.core.scope import DiscoveryScope
 from connector.errors import ProviderRestarted, ProviderUnavailable, SensoriumError
 from providers.base import BaseSession, ObservationSink, ProviderCapabilities

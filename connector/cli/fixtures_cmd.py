@@ -27,7 +27,7 @@ from anyio.abc import TaskStatus
 
 from connector.cli.main import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, usage_error
 from connector.cli.scan_help import provider_hint
-from connector.core.observations import TRANSPORTS, Transport
+from connector.contract.transports import TRANSPORTS, Transport
 from connector.core.scope import DiscoveryProfile, normalise_service_type, parse_discovery_input
 from connector.errors import AdmissionError, ProviderError, ProviderUnavailable
 from connector.runtime.recorder import (

@@ -34,7 +34,7 @@ from connector.cli.live_view import (
 )
 from connector.cli.main import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, DefaultsHelp, usage_error
 from connector.cli.scan_help import explain_refusal, filter_epilog, provider_hint
-from connector.core.observations import TRANSPORTS
+from connector.contract.transports import TRANSPORTS
 from connector.errors import AdmissionError, CatalogError, ProviderUnavailable, SensoriumError
 
 if TYPE_CHECKING:

@@ -19,14 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from connector.core.observations import (
-    TRANSPORTS,
-    BleObservation,
-    MdnsObservation,
-    Observation,
-    Transport,
-    UsbObservation,
-)
+from connector.contract.transports import TRANSPORTS, Transport
+from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
 from connector.errors import AdmissionError
 
 

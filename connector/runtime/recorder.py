@@ -38,13 +38,8 @@ from typing import IO, Any, Final
 import anyio
 from anyio.abc import TaskStatus
 
-from connector.core.observations import (
-    BleObservation,
-    MdnsObservation,
-    Observation,
-    Transport,
-    UsbObservation,
-)
+from connector.contract.transports import Transport
+from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
 from connector.core.scope import DiscoveryScope, ScopeFilter, mdns_instance, normalise_service_type
 from connector.errors import ProviderError, StopUnconfirmed
 from providers.base import Provider, ProviderSession

@@ -17,8 +17,8 @@ from connector.api.app import Readiness, create_app
 from connector.bus.adapter import BusAdapter, BusSettings
 from connector.catalog.loader import load_verified_catalog
 from connector.catalog.signing import VerifiedCatalog
+from connector.contract.transports import Transport
 from connector.core.candidates import format_ms
-from connector.core.observations import Transport
 from connector.core.policy import DeferredHostPolicy
 from connector.core.scope import DiscoveryScope
 from connector.errors import ProviderError
