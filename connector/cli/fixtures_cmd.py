@@ -26,11 +26,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from connector.cli.main import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, usage_error
-from connector.cli.scan_help import provider_hint
-from connector.contract.transports import TRANSPORTS, Transport
-from connector.core.scope import DiscoveryProfile, normalise_service_type, parse_discovery_input
-from connector.errors import AdmissionError, ProviderError, ProviderUnavailable
-from connector.runtime.recorder import (
+from connector.cli.recorder import (
     MAX_RECORDING_SECONDS,
     FixtureFile,
     FixtureHeader,
@@ -42,6 +38,10 @@ from connector.runtime.recorder import (
     recording_scope,
     rfc3339_seconds,
 )
+from connector.cli.scan_help import provider_hint
+from connector.contract.transports import TRANSPORTS, Transport
+from connector.core.scope import DiscoveryProfile, normalise_service_type, parse_discovery_input
+from connector.errors import AdmissionError, ProviderError, ProviderUnavailable
 from providers.base import Provider
 from providers.registry import build_provider
 
