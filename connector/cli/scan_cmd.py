@@ -34,7 +34,8 @@ from connector.cli.live_view import (
 )
 from connector.cli.main import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, DefaultsHelp, usage_error
 from connector.cli.scan_help import explain_refusal, filter_epilog, provider_hint
-from connector.contract.transports import TRANSPORTS
+from connector.contract.transports import TRANSPORTS, Transport
+from connector.core.transports import TRANSPORT_FACTS
 from connector.errors import AdmissionError, CatalogError, ProviderUnavailable, SensoriumError
 
 if TYPE_CHECKING:
@@ -164,7 +165,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _flag_problem(args: argparse.Namespace) -> str | None:
     """Flags that do not fit the transport, and a replay file that cannot be read (with the OS reason)."""
-    if args.adapter is not None and args.transport != "ble":
+    if args.adapter is not None and not TRANSPORT_FACTS[args.transport].takes("adapter"):
         return "--adapter applies to --transport ble only (USB and mDNS have no adapter to choose)"
     if args.replay is not None:
         try:
@@ -211,8 +212,9 @@ def _plan(args: argparse.Namespace) -> ScanPlan:
     """Input from the flags, checked against the verified catalog's scan profile; the provider to use."""
     from connector.catalog.loader import load_verified_catalog
     from connector.cli.catalog_source import catalog_with_fallback
+    from connector.cli.scope_forms import scope_input_from_cli
     from connector.core.policy import DeferredHostPolicy
-    from connector.core.scope import parse_discovery_input, scope_input_from_cli
+    from connector.core.scope import parse_discovery_input
     from providers.registry import build_provider
 
     raw = scope_input_from_cli(
@@ -355,7 +357,7 @@ def _report(plan: ScanPlan, outcome: _Outcome) -> int:
     return EXIT_FAILED
 
 
-def _print_summary(status: Mapping[str, Any], transport: str, outcome: _Outcome) -> None:
+def _print_summary(status: Mapping[str, Any], transport: Transport, outcome: _Outcome) -> None:
     """Exactly one table with every candidate (after Ctrl-C: the last one seen), then one summary line."""
     console = Console()
     candidates = candidates_of(status)

@@ -19,6 +19,7 @@ import uvicorn
 from connector.api.console import console_router
 from connector.bus.messages import Subjects, check_broker_url
 from connector.cli.main import EXIT_OK, EXIT_USAGE, DefaultsHelp, usage_error
+from connector.contract.transports import TRANSPORTS
 from connector.errors import CatalogError
 from connector.host.routes import host_router
 from connector.service.assembly import Assembled, ConnectorConfig, assemble
@@ -116,7 +117,7 @@ def parse_replays(values: list[str]) -> dict[str, Path]:
     replays: dict[str, Path] = {}
     for value in values:
         transport, sep, path = value.partition("=")
-        if not sep or transport not in ("ble", "usb-serial", "mdns") or not path:
+        if not sep or transport not in TRANSPORTS or not path:
             raise ValueError("--replay takes TRANSPORT=FILE with TRANSPORT one of ble, usb-serial, mdns")
         try:
             load_fixture(path)  # the file and every line checked now, not at the first scan
