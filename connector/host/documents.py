@@ -107,11 +107,6 @@ def deferred_handle(
     return handle
 
 
-def command_metadata(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The durable metadata of a command: its status document without `result`."""
-    return {key: value for key, value in status.items() if key != "result"}
-
-
 def concluded_metadata(
     metadata: Mapping[str, Any], status: Status, error_code: str | None, *, discovery: bool
 ) -> dict[str, Any]:

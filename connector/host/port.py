@@ -14,7 +14,8 @@ from typing import Any, Protocol
 from connector.core import authority
 from connector.core.lifecycle import Status, is_terminal
 from connector.errors import SensoriumError
-from connector.host.documents import Kind, command_metadata
+from connector.host.documents import Kind
+from connector.runtime.commands import command_metadata
 from connector.runtime.manager import UnknownOperation
 from connector.service.connector import ConnectorService
 from connector.service.replies import Reply

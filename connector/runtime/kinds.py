@@ -1,0 +1,162 @@
+"""One interface over the runtimes of the two operation kinds: callers look a kind up instead of branching.
+
+`DiscoveryManager` holds scans in memory; `CommandRunner` keeps command operations in the connector state.
+The adapters below give both the same five questions, and answer None for an operation the runtime does not
+hold, so that the caller decides what an unknown id means (a durable record, `unknown-operation`, or the
+host's `unknown`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+from connector.core.lifecycle import Status, is_terminal
+from connector.runtime.commands import CommandRunner, command_metadata
+from connector.runtime.manager import DiscoveryManager, UnknownOperation
+
+Kind = Literal["discovery", "command"]
+
+
+@dataclass(frozen=True, slots=True)
+class Observed:
+    """One look at an operation that discloses nothing: its status, durable metadata and, for a kind
+    whose status holds no candidates (commands), the full status and its retry hint."""
+
+    status: str
+    metadata: Mapping[str, Any]
+    retry_hint: int | None = None
+    document: Mapping[str, Any] | None = None
+
+
+class OperationRuntime(Protocol):
+    """What the service, the host and the Bus ask of the runtime of one operation kind."""
+
+    @property
+    def kind(self) -> Kind:
+        """The operation kind this runtime runs."""
+
+    async def status(self, operation_id: str) -> dict[str, Any] | None:
+        """The caller-private status (a scan's candidates in it count as disclosed)."""
+
+    async def wait(
+        self, operation_id: str, after_revision: int | None, wait_s: float
+    ) -> dict[str, Any] | None:
+        """Long poll: the caller-private status once it changed (or ended), or after `wait_s`."""
+
+    async def cancel(self, operation_id: str) -> dict[str, Any] | None:
+        """Request cancellation; the caller-private status after the request."""
+
+    async def stop(self, operation_id: str, error_code: str) -> None:
+        """End the work because its host ended the operation (expiry, response too large)."""
+
+    async def observe(self, operation_id: str) -> Observed | None:
+        """Status and durable metadata, never candidates."""
+
+
+class DiscoveryRuntime:
+    """`OperationRuntime` over the discovery manager (scans it still holds in memory)."""
+
+    kind: Kind = "discovery"
+
+    def __init__(self, manager: DiscoveryManager) -> None:
+        self.manager = manager
+
+    async def status(self, operation_id: str) -> dict[str, Any] | None:
+        """The v2 status of a held scan."""
+        try:
+            return self.manager.status(operation_id)
+        except UnknownOperation:
+            return None
+
+    async def wait(
+        self, operation_id: str, after_revision: int | None, wait_s: float
+    ) -> dict[str, Any] | None:
+        """The v2 status past `after_revision`, or now when `wait_s` is 0."""
+        try:
+            if wait_s:
+                return await self.manager.wait_for_change(operation_id, after_revision, wait_s)
+            return self.manager.status(operation_id)
+        except UnknownOperation:
+            return None
+
+    async def cancel(self, operation_id: str) -> dict[str, Any] | None:
+        """The cancel is recorded and the stop begins (it does not wait for the confirmed end)."""
+        try:
+            return self.manager.cancel(operation_id)
+        except UnknownOperation:
+            return None
+
+    async def stop(self, operation_id: str, error_code: str) -> None:
+        """Terminate the session (cleanup per SPEC 6.7)."""
+        try:
+            self.manager.terminate(operation_id, error_code=error_code)
+        except UnknownOperation:
+            return
+
+    async def observe(self, operation_id: str) -> Observed | None:
+        """The SPEC 7 projection."""
+        try:
+            metadata = self.manager.metadata(operation_id)
+        except UnknownOperation:
+            return None
+        return Observed(str(metadata["status"]), metadata)
+
+
+class CommandRuntime:
+    """`OperationRuntime` over the command runner (operations it has stored)."""
+
+    kind: Kind = "command"
+
+    def __init__(self, runner: CommandRunner) -> None:
+        self.runner = runner
+
+    async def status(self, operation_id: str) -> dict[str, Any] | None:
+        """The current deferred status."""
+        if not await self._known(operation_id):
+            return None
+        return await self.runner.status(operation_id)
+
+    async def wait(
+        self, operation_id: str, after_revision: int | None, wait_s: float
+    ) -> dict[str, Any] | None:
+        """The status once terminal or after `wait_s` (a command has no revisions)."""
+        if not await self._known(operation_id):
+            return None
+        return await self.runner.wait_status(operation_id, wait_s)
+
+    async def cancel(self, operation_id: str) -> dict[str, Any] | None:
+        """Waits for the confirmed end; a terminal operation answers its unchanged status."""
+        if not await self._known(operation_id):
+            return None
+        return await self.runner.cancel(operation_id)
+
+    async def stop(self, operation_id: str, error_code: str) -> None:
+        """Cancel cancelable work that has not ended (the runner records its own ending)."""
+        row = await self.runner.operation(operation_id)
+        if row is not None and row.cancelable and not is_terminal(Status(row.status)):
+            await self.runner.cancel(operation_id)
+
+    async def observe(self, operation_id: str) -> Observed | None:
+        """The status without its result, and the full status."""
+        document = await self.status(operation_id)
+        if document is None:
+            return None
+        hint = document.get("retry_after_seconds")
+        return Observed(
+            str(document["status"]),
+            command_metadata(document),
+            hint if isinstance(hint, int) else None,
+            document,
+        )
+
+    async def _known(self, operation_id: str) -> bool:
+        return await self.runner.operation(operation_id) is not None
+
+
+def operation_runtimes(
+    discovery: DiscoveryManager, commands: CommandRunner
+) -> dict[Kind, OperationRuntime]:
+    """The runtime of each kind."""
+    return {"discovery": DiscoveryRuntime(discovery), "command": CommandRuntime(commands)}
