@@ -237,7 +237,7 @@ def known_adapters(assembled: Assembled) -> dict[str, str]:
 
     transports: set[str] = set()
     for action in assembled.catalog.actions.values():
-        if action.action_class == "discovery":
+        if action.discovery is not None:  # a discovery action (the catalog's own test in `discovery_profile`)
             transports.update(assembled.catalog.discovery_profile(action.action_id).transports)
     defaults = {"ble": assembled.config.ble_adapter or DEFAULT_ADAPTER}
     return {transport: defaults.get(transport, DEFAULT_ADAPTER) for transport in sorted(transports)}
