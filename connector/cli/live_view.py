@@ -22,7 +22,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
-from connector.contract.transports import Transport
+from connector.contract.transports import CONTENT_KEYS, Transport
 from connector.core.scope import DiscoveryScope
 from connector.core.transports import TRANSPORT_FACTS
 
@@ -147,9 +147,9 @@ def candidate_table(
 
 def details(candidate: Mapping[str, Any]) -> str:
     """A short transport-specific description (never an address: candidates carry none)."""
-    for key, describe in _DETAILS.items():
-        if key in candidate:
-            return describe(candidate[key])
+    for transport, describe in _DETAILS.items():
+        if CONTENT_KEYS[transport] in candidate:
+            return describe(candidate[CONTENT_KEYS[transport]])
     return _ble_details({})
 
 
@@ -169,9 +169,9 @@ def _ble_details(ble: Mapping[str, Any]) -> str:
     return ", ".join(parts)
 
 
-# By candidate content member (`TransportFacts.content_key`); a candidate with none reads as BLE.
-_DETAILS: Mapping[str, Callable[[Mapping[str, Any]], str]] = {
-    "usb": _usb_details,
+# Read from the candidate member of the transport (`CONTENT_KEYS`); a candidate with none reads as BLE.
+_DETAILS: Mapping[Transport, Callable[[Mapping[str, Any]], str]] = {
+    "usb-serial": _usb_details,
     "mdns": _mdns_details,
     "ble": _ble_details,
 }

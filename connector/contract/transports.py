@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from types import MappingProxyType
 from typing import Literal
 
 Transport = Literal["ble", "usb-serial", "mdns"]
 TRANSPORTS: tuple[Transport, ...] = ("ble", "usb-serial", "mdns")
+# The candidate member that carries a transport's details (SPEC 6.3).
+CONTENT_KEYS: Mapping[Transport, str] = MappingProxyType({"ble": "ble", "usb-serial": "usb", "mdns": "mdns"})

@@ -26,8 +26,6 @@ class TransportFacts:
     observation: type[Observation]
     # The `event` values its observations carry; BLE adverts carry none (a device just goes quiet).
     events: tuple[str, ...]
-    # The candidate's transport member (SPEC 6.3: `ble`, `usb`, `mdns`).
-    content_key: str
     # Whether it reports a signal strength (the RSSI columns of the live view).
     signal: bool
     # The real backend: module and class, lazily imported by the provider registry.
@@ -53,7 +51,6 @@ TRANSPORT_FACTS: Mapping[Transport, TransportFacts] = MappingProxyType(
             required_filters=(),
             observation=BleObservation,
             events=(),
-            content_key="ble",
             signal=True,
             provider=("providers.ble", "BleProvider"),
             provider_options=("adapter", "every_report"),
@@ -64,7 +61,6 @@ TRANSPORT_FACTS: Mapping[Transport, TransportFacts] = MappingProxyType(
             required_filters=(),
             observation=UsbObservation,
             events=("add", "remove"),
-            content_key="usb",
             signal=False,
             provider=("providers.serial", "SerialProvider"),
             provider_options=(),
@@ -75,7 +71,6 @@ TRANSPORT_FACTS: Mapping[Transport, TransportFacts] = MappingProxyType(
             required_filters=("service_types",),
             observation=MdnsObservation,
             events=("add", "update", "remove"),
-            content_key="mdns",
             signal=False,
             provider=("providers.mdns", "MdnsProvider"),
             provider_options=("interfaces",),

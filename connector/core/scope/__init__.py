@@ -6,54 +6,28 @@ provider applies; `redact` gives its durable form. What differs between transpor
 `connector.core.transports`.
 """
 
-from connector.core.scope.match import Matcher, matches_scope, mdns_instance, scope_matcher, scope_predicate
+from connector.core.scope.match import matches_scope, mdns_instance, scope_matcher, scope_predicate
 from connector.core.scope.model import (
     ALL_FILTER_KEYS,
-    BLUETOOTH_BASE_UUID_SUFFIX,
     EMPTY_SNAPSHOT_BYTES,
-    FILTER_KEYS,
-    IDENTITY_SELECTORS,
-    INPUT_KEYS,
-    LIMIT_KEYS,
-    MAX_LIST_ITEMS,
-    MAX_STRING_CHARS,
-    PREFIX_KEYS,
     RSSI_RANGE,
     DiscoveryProfile,
     DiscoveryScope,
     ScopeFilter,
-    filter_keys,
 )
-from connector.core.scope.parse import (
-    Problems,
-    expand_uuid,
-    invalid_input,
-    normalise_service_type,
-    parse_discovery_input,
-)
+from connector.core.scope.parse import Problems, expand_uuid, normalise_service_type, parse_discovery_input
 from connector.core.scope.redact import backend_filter_hint, redacted_scope
 
 __all__ = [
     "ALL_FILTER_KEYS",
-    "BLUETOOTH_BASE_UUID_SUFFIX",
     "EMPTY_SNAPSHOT_BYTES",
-    "FILTER_KEYS",
-    "IDENTITY_SELECTORS",
-    "INPUT_KEYS",
-    "LIMIT_KEYS",
-    "MAX_LIST_ITEMS",
-    "MAX_STRING_CHARS",
-    "PREFIX_KEYS",
     "RSSI_RANGE",
     "DiscoveryProfile",
     "DiscoveryScope",
-    "Matcher",
     "Problems",
     "ScopeFilter",
     "backend_filter_hint",
     "expand_uuid",
-    "filter_keys",
-    "invalid_input",
     "matches_scope",
     "mdns_instance",
     "normalise_service_type",

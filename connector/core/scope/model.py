@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 
 from connector.contract.transports import Transport
@@ -58,10 +57,9 @@ class DiscoveryScope:
 # ---------------------------------------------------------------------------------------------------------
 # Vocabulary
 
-FILTER_KEYS: Mapping[Transport, tuple[str, ...]] = {
-    transport: facts.filter_keys for transport, facts in TRANSPORT_FACTS.items()
-}
-ORDERED_FILTER_KEYS: tuple[str, ...] = tuple(key for keys in FILTER_KEYS.values() for key in keys)
+ORDERED_FILTER_KEYS: tuple[str, ...] = tuple(
+    key for facts in TRANSPORT_FACTS.values() for key in facts.filter_keys
+)
 ALL_FILTER_KEYS: frozenset[str] = frozenset(ORDERED_FILTER_KEYS)
 IDENTITY_SELECTORS: frozenset[str] = frozenset({"addresses", "serial_numbers"})
 PREFIX_KEYS: frozenset[str] = frozenset({"name_prefix", "instance_prefix"})

@@ -15,7 +15,6 @@ from connector.core.scope.model import (
     ALL_FILTER_KEYS,
     BLUETOOTH_BASE_UUID_SUFFIX,
     EMPTY_SNAPSHOT_BYTES,
-    FILTER_KEYS,
     INPUT_KEYS,
     LIMIT_KEYS,
     MAX_LIST_ITEMS,
@@ -197,7 +196,7 @@ def _parse_filter(value: object, transport: Transport | None, path: str, problem
     if not isinstance(value, Mapping):
         problems.add(path, "object")
         return ScopeFilter()
-    allowed = FILTER_KEYS[transport] if transport is not None else tuple(ALL_FILTER_KEYS)
+    allowed = TRANSPORT_FACTS[transport].filter_keys if transport is not None else tuple(ALL_FILTER_KEYS)
     fields: dict[str, Any] = {}
     for key, item in value.items():
         if key not in ALL_FILTER_KEYS:
