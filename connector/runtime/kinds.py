@@ -21,8 +21,7 @@ Kind = Literal["discovery", "command"]
 
 @dataclass(frozen=True, slots=True)
 class Observed:
-    """One look at an operation that discloses nothing: its status, durable metadata and, for a kind
-    whose status holds no candidates (commands), the full status and its retry hint."""
+    """One look that discloses nothing: status, durable metadata (and a command's full status and hint)."""
 
     status: str
     metadata: Mapping[str, Any]

@@ -274,8 +274,7 @@ def _parse_adapter(raw: Mapping[str, Any], problems: Problems) -> str | None:
 def _check_filters_present(
     raw_filters: object, transport: Transport | None, profile: DiscoveryProfile, problems: Problems
 ) -> None:
-    """Refuse a scan without filters (unless the profile allows it) and one missing its transport's
-    required keys (mDNS: the service types)."""
+    """Refuse a scan without filters (unless its profile allows it) or its transport's required keys."""
     given = set(raw_filters) if isinstance(raw_filters, Mapping) else set()
     required = TRANSPORT_FACTS[transport].required_filters if transport is not None else ()
     missing = [key for key in required if key not in given]
