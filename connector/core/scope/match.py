@@ -1,6 +1,6 @@
-"""Matching observations against a scope (SPEC 6.1, 6.3): compiled once per scope, because providers call
-it for every advert.
+"""Matching observations against a scope (SPEC 6.1, 6.3), compiled once per scope.
 
+Providers call the matcher for every advert, hence the closures built once and cached per scope.
 Within `filters` the keys combine with AND and a list matches any of its elements; within `exclusions`
 every key excludes on its own. `name_prefix` and `instance_prefix` compare case-sensitively (a literal
 prefix, as typed). A removal observation is judged only on the fields it carries: a USB `remove` often
