@@ -36,8 +36,8 @@ from nats.aio.msg import Msg
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.core.authority import make_grant
-from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from connector.storage.principals import add_principal
 
 REPO = Path(__file__).resolve().parent.parent

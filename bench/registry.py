@@ -49,7 +49,7 @@ from connector.host.documents import Kind
 from connector.host.metrics import HostMetrics
 from connector.host.port import ActionInfo, Observed
 from connector.host.service import HostService
-from connector.service.replies import Reply
+from connector.service.answers import Accepted, Done
 from connector.storage import registry as registry_module
 from connector.storage.registry import DeferredRegistry, OperationRecord
 
@@ -230,7 +230,7 @@ class _RunningPort:
     def action(self, action_id: str) -> ActionInfo | None:
         return ActionInfo(action_id, "discovery", 1, 300)
 
-    async def admit(self, principal: Principal, directive: Any, *, op_key: str | None) -> Reply:
+    async def admit(self, principal: Principal, directive: Any, *, op_key: str | None) -> Accepted | Done:
         raise NotImplementedError
 
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:

@@ -82,6 +82,11 @@ class SensoriumError(Exception):
         return doc
 
 
+def unknown_operation() -> SensoriumError:
+    """The one answer for an operation that is not this principal's, never seen, or forgotten."""
+    return SensoriumError("unknown operation", code="unknown-operation")
+
+
 class ContractError(SensoriumError):
     """A document broke its schema or a semantic rule."""
 

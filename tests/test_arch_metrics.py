@@ -82,6 +82,14 @@ def test_outward_import_and_cycle_found(arch: ModuleType, tree: Path) -> None:
     assert arch.room_cycles(metrics.edges) == [["api", "core"]]
 
 
+def test_the_composition_root_is_outermost(arch: ModuleType, tree: Path) -> None:
+    _write(tree, "connector/assembly.py", "from connector.api.app import App\n")
+    _write(tree, "connector/api/wiring.py", "from connector.assembly import assemble\n")
+    bad = arch.outward(arch.collect(tree).edges)
+    assert ("assembly", "api") not in {(e.source, e.target) for e in bad}
+    assert ("api", "assembly", "connector/api/wiring.py:1") in {(e.source, e.target, e.where) for e in bad}
+
+
 def test_classes_counted(arch: ModuleType, tree: Path) -> None:
     (figure,) = arch.collect(tree).classes
     assert (figure.where, figure.lines, figure.methods, figure.attributes) == (

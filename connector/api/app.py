@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable
 
 from fastapi import APIRouter, FastAPI
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
@@ -38,26 +37,10 @@ HEALTH = Route(
 METRICS = Route(oks=(Ok(200, media_type="text/plain"),), refusals=("internal",), authenticated=False)
 
 
-@dataclass(slots=True)
-class Readiness:
-    """What `/healthz` waits for (SPEC 9)."""
-
-    catalog_verified: bool = False
-    interrupted_marked: bool = False
-    bus_required: bool = False
-    bus_subscribed: bool = False
-
-    @property
-    def ready(self) -> bool:
-        """True once every start-up duty is done."""
-        bus_ok = self.bus_subscribed or not self.bus_required
-        return self.catalog_verified and self.interrupted_marked and bus_ok
-
-
 def create_app(
     service: ConnectorService,
     *,
-    readiness: Readiness,
+    ready: Callable[[], bool],
     metrics: CollectorRegistry,
     routers: Iterable[APIRouter] = (),
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
@@ -84,8 +67,8 @@ def create_app(
     @app.get("/healthz", **declare(HEALTH))
     async def healthz() -> Response:
         """200 once ready, else 503."""
-        ready = readiness.ready
-        return JsonResponse({"status": "ok" if ready else "starting"}, status_code=200 if ready else 503)
+        up = ready()
+        return JsonResponse({"status": "ok" if up else "starting"}, status_code=200 if up else 503)
 
     @app.get("/metrics", **declare(METRICS))
     async def prometheus() -> Response:

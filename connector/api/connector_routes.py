@@ -10,10 +10,9 @@ from starlette.responses import Response
 
 from connector.api.errors import bearer_token, parse_json_body, to_response
 from connector.api.openapi import ADMISSION_REFUSALS, Ok, Route, declare
-from connector.errors import SensoriumError
+from connector.service.answers import Answer, Done
 from connector.service.bindings import list_bindings
 from connector.service.connector import ConnectorService
-from connector.service.replies import Reply, error_reply
 
 _AUTH = ("unauthenticated", "internal")
 _BODY = ("invalid-json", "body-too-large")
@@ -132,11 +131,8 @@ def connector_router(service: ConnectorService) -> APIRouter:
     @router.get("/v1/catalog", **declare(CATALOG))
     async def catalog(request: Request) -> Response:
         """Catalog summary for an authenticated principal."""
-        try:
-            service.authenticate(bearer_token(request))
-        except SensoriumError as error:
-            return to_response(error_reply(error))
-        return to_response(Reply(200, service.catalog_summary()))
+        service.authenticate(bearer_token(request))
+        return to_response(Done(service.catalog_summary()))
 
     @router.post("/v1/admin/principals/{principal_id}/revoke", **declare(REVOKE))
     async def revoke(
@@ -151,14 +147,11 @@ def connector_router(service: ConnectorService) -> APIRouter:
 async def _with_body(
     service: ConnectorService,
     request: Request,
-    call: Callable[[Any], Awaitable[Reply]],
+    call: Callable[[Any], Awaitable[Answer]],
     *,
     directive: bool = False,
 ) -> Response:
     """Authenticate (SPEC 2 step 1 comes first), parse the JSON body (400 `invalid-json`), then call."""
-    try:
-        service.authenticate(bearer_token(request))
-        body = await _json(request, directive=directive)
-    except SensoriumError as error:
-        return to_response(error_reply(error))
+    service.authenticate(bearer_token(request))
+    body = await _json(request, directive=directive)
     return to_response(await call(body))

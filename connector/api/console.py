@@ -36,10 +36,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from connector.core.authority import Principal
 from connector.core.candidates import format_ms
 from connector.core.scope import ALL_FILTER_KEYS
-from connector.errors import HTTP_STATUS_BY_CODE, SensoriumError
+from connector.errors import SensoriumError
+from connector.service.answers import Done, public_refusal
 from connector.service.connector import wall_clock
 from connector.service.operations import AdapterClaim, ConnectorOperations
-from connector.service.replies import Reply
 
 SESSION_COOKIE: Final = "sensorium_console"
 SIGN_IN_COOKIE: Final = "sensorium_console_sign_in"
@@ -85,10 +85,10 @@ SECURITY_HEADERS: Final[Mapping[str, str]] = {
 class OperatorViews(Protocol):
     """The host's operator surface the console renders (`HostService`)."""
 
-    async def operator_list(self, token: str | None, status: str | None) -> Reply: ...
-    async def operator_detail(self, token: str | None, op_id: str) -> Reply: ...
-    async def operator_poll(self, token: str | None, op_id: str) -> Reply: ...
-    async def operator_cancel(self, token: str | None, op_id: str) -> Reply: ...
+    async def operator_list(self, token: str | None, status: str | None) -> Done: ...
+    async def operator_detail(self, token: str | None, op_id: str) -> Done: ...
+    async def operator_poll(self, token: str | None, op_id: str) -> Done: ...
+    async def operator_cancel(self, token: str | None, op_id: str) -> Done: ...
 
 
 # ---- sessions (no I/O; `now` is passed in) ----------------------------------------------------------------
@@ -602,24 +602,25 @@ class _Console:
 
     # ---- host replies ----
 
-    def refused(self, reply: Reply, ctx: _Context) -> Response:
-        """A host refusal as a page; lost authority ends the session."""
-        code = _code(reply)
-        if reply.status_code in (401, 403):
+    def refused(self, error: SensoriumError, ctx: _Context) -> Response:
+        """A host refusal as a page (its code, never its message); lost authority ends the session."""
+        error = public_refusal(error)
+        if error.http_status in (401, 403):
             return self.signed_out(ctx.cookie)
-        if reply.status_code == 404:
+        if error.http_status == 404:
             return self.problem(404, "Not found", "No deferred operation with this id.", ctx)
-        return self.problem(reply.status_code, "Request failed", f"The host answered {code}.", ctx)
+        return self.problem(error.http_status, "Request failed", f"The host answered {error.code}.", ctx)
 
     async def list_page(self, request: Request, ctx: _Context) -> Response:
         """GET the list with an optional status filter."""
         status = request.query_params.get("status") or None
         if status is not None and status not in STATUSES:
             return self.problem(400, "Unknown status", "Choose one of the listed statuses.", ctx)
-        reply = await self.host.operator_list(ctx.session.token, status)
-        if reply.status_code != 200:
-            return self.refused(reply, ctx)
-        rows = _mapping(reply.body).get("operations")
+        try:
+            listing = await self.host.operator_list(ctx.session.token, status)
+        except SensoriumError as error:
+            return self.refused(error, ctx)
+        rows = _mapping(listing.document).get("operations")
         operations = (
             [operation_view(r) for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
         )
@@ -658,16 +659,21 @@ class _Console:
 
     async def detail_page(self, ctx: _Context, op_id: str) -> Response:
         """GET one operation's durable view and history digests."""
-        reply = await self.host.operator_detail(ctx.session.token, op_id)
-        if reply.status_code == 404 and self.operations is not None:
+        try:
+            detail = await self.host.operator_detail(ctx.session.token, op_id)
+        except SensoriumError as error:
+            return await self._not_the_hosts(ctx, op_id, public_refusal(error))
+        body = _mapping(detail.document)
+        view = operation_view(_mapping(body.get("operation")))
+        return self._detail(ctx, view, history_views(body.get("history")))
+
+    async def _not_the_hosts(self, ctx: _Context, op_id: str, error: SensoriumError) -> Response:
+        """An id the host registry does not hold may be a connector-only operation; else the refusal."""
+        if error.http_status == 404 and self.operations is not None:
             metadata = await self.operations.operation(op_id)
             if metadata is not None:
                 return self._detail(ctx, operation_view(connector_record(metadata)), [])
-        if reply.status_code != 200:
-            return self.refused(reply, ctx)
-        body = _mapping(reply.body)
-        view = operation_view(_mapping(body.get("operation")))
-        return self._detail(ctx, view, history_views(body.get("history")))
+        return self.refused(error, ctx)
 
     def _detail(self, ctx: _Context, view: OperationView, history: list[HistoryView]) -> Response:
         refresh = DETAIL_REFRESH_SECONDS if view.live else None
@@ -679,26 +685,23 @@ class _Console:
         if isinstance(ctx, Response):
             return ctx
         call = self.host.operator_poll if action == "poll" else self.host.operator_cancel
-        reply = await call(ctx.session.token, op_id)
-        if reply.status_code in (401, 403, 404):
-            return self.refused(reply, ctx)
-        self.sessions.put_notice(ctx.cookie, _action_notice(action, reply))
+        try:
+            answered: Done | SensoriumError = await call(ctx.session.token, op_id)
+        except SensoriumError as error:
+            answered = public_refusal(error)
+            if answered.http_status in (401, 403, 404):
+                return self.refused(answered, ctx)
+        self.sessions.put_notice(ctx.cookie, _action_notice(action, answered))
         return _redirect(operation_href(op_id))
 
 
-def _action_notice(action: str, reply: Reply) -> str:
+def _action_notice(action: str, answered: Done | SensoriumError) -> str:
     """Fixed text for what a poll or cancel answered (a status or a code, never a value)."""
     label = "Poll" if action == "poll" else "Cancel"
-    if reply.status_code != 200:
-        return f"{label} refused: {_code(reply)}."
-    view = operation_view(_mapping(_mapping(reply.body).get("operation")))
+    if isinstance(answered, SensoriumError):
+        return f"{label} refused: {answered.code}."
+    view = operation_view(_mapping(_mapping(answered.document).get("operation")))
     return f"{label} requested; the host answered: {view.status_text}."
-
-
-def _code(reply: Reply) -> str:
-    """A refusal's code when it is one of SPEC 14's, else a neutral word."""
-    code = _mapping(reply.body).get("code")
-    return code if isinstance(code, str) and code in HTTP_STATUS_BY_CODE else "an error"
 
 
 def _redirect(path: str) -> RedirectResponse:

@@ -16,7 +16,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from connector.contract import strict_json
 from connector.errors import SensoriumError
-from connector.service.replies import Reply, error_reply
+from connector.service.answers import Accepted, Answer, Created, Done, Gone, public_refusal
 
 _log = logging.getLogger("sensorium.api")
 
@@ -35,20 +35,40 @@ class JsonResponse(Response):
         return json.dumps(content, separators=(",", ":"), ensure_ascii=False).encode("utf-8")
 
 
-def to_response(reply: Reply) -> Response:
-    """A service reply as an HTTP response."""
-    if reply.body is None:
-        return Response(status_code=reply.status_code, headers=dict(reply.headers))
-    return JsonResponse(dict(reply.body), status_code=reply.status_code, headers=dict(reply.headers))
+def to_response(answer: Answer) -> Response:
+    """A service answer as an HTTP response: 202 with `Location` and `Retry-After`, 200, 201 or 204."""
+    match answer:
+        case Accepted():
+            headers = {"Location": answer.status_path, "Retry-After": str(answer.retry_after_seconds)}
+            return JsonResponse(dict(answer.handle), status_code=202, headers=headers)
+        case Done():
+            return JsonResponse(dict(answer.document))
+        case Created():
+            return JsonResponse(dict(answer.document), status_code=201)
+        case Gone():
+            return Response(status_code=204)
+
+
+def refusal_response(error: SensoriumError) -> Response:
+    """A `sensorium-error.v1` with the code's status; `Retry-After` travels as a header too."""
+    error = public_refusal(error)
+    headers = {}
+    if error.retry_after_seconds is not None:
+        headers["Retry-After"] = str(error.retry_after_seconds)
+    return JsonResponse(error.to_document(), status_code=error.http_status, headers=headers)
 
 
 def error_response(code: str, message: str, *, diagnostics: Sequence[Mapping[str, str]] = ()) -> Response:
     """A refusal built from a code."""
-    return to_response(error_reply(SensoriumError(message, code=code, diagnostics=diagnostics)))
+    return refusal_response(SensoriumError(message, code=code, diagnostics=diagnostics))
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    """Map framework errors (404, 405, 422, 500) to `sensorium-error.v1`."""
+    """Map refusals and framework errors (404, 405, 422, 500) to `sensorium-error.v1`."""
+
+    async def on_refusal(_: Request, exc: Exception) -> Response:
+        assert isinstance(exc, SensoriumError)
+        return refusal_response(exc)
 
     async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
@@ -66,6 +86,7 @@ def install_error_handlers(app: FastAPI) -> None:
         names = ", ".join(_parameter_of(loc) for loc in locs)
         return error_response("invalid-input", f"{names}: {_RULE}", diagnostics=diagnostics)
 
+    app.add_exception_handler(SensoriumError, on_refusal)
     app.add_exception_handler(StarletteHTTPException, on_http)
     app.add_exception_handler(RequestValidationError, on_validation)
 

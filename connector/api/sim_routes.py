@@ -12,12 +12,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from starlette.responses import Response
 
-from connector.api.errors import JsonResponse, bearer_token, parse_json_body, to_response
+from connector.api.errors import JsonResponse, bearer_token, parse_json_body
 from connector.api.openapi import Ok, Route, declare
 from connector.core import authority
 from connector.core.authority import Principal
 from connector.errors import SensoriumError
-from connector.service.replies import error_reply
 from providers.simulated import SimulatedAdapter, Simulation, adapter_command, parse_device
 
 _AUTH = ("unauthenticated", "forbidden", "not-found")
@@ -56,32 +55,23 @@ def sim_router(simulation: Simulation, authenticate: Any) -> APIRouter:
     @router.post("/v1/sim/{transport}/devices", **declare(PUT_DEVICE))
     async def put_device(request: Request, transport: str) -> Response:
         """A device appears (201) or, when its identity is known, updates (200)."""
-        try:
-            adapter = adapter_for(request, transport)
-            observation, interval_ms = parse_device(adapter.transport, parse_json_body(await request.body()))
-            sim_id, created = adapter.put(observation, interval_ms)
-        except SensoriumError as error:
-            return to_response(error_reply(error))
+        adapter = adapter_for(request, transport)
+        observation, interval_ms = parse_device(adapter.transport, parse_json_body(await request.body()))
+        sim_id, created = adapter.put(observation, interval_ms)
         return JsonResponse({"sim/id": sim_id}, status_code=201 if created else 200)
 
     @router.delete("/v1/sim/{transport}/devices/{sim_id}", status_code=204, **declare(REMOVE_DEVICE))
     async def remove_device(request: Request, transport: str, sim_id: str) -> Response:
         """The device leaves (a USB removal, an mDNS goodbye; a BLE device stops advertising)."""
-        try:
-            if not adapter_for(request, transport).remove(sim_id):
-                raise _not_found()
-        except SensoriumError as error:
-            return to_response(error_reply(error))
+        if not adapter_for(request, transport).remove(sim_id):
+            raise _not_found()
         return Response(status_code=204)
 
     @router.post("/v1/sim/{transport}/adapter", **declare(ADAPTER))
     async def adapter_state(request: Request, transport: str) -> Response:
         """`{"powered": bool}`, `{"restart": true}` or `{"stop": "ack"|"refuse"|"stall"}`; the new state."""
-        try:
-            adapter = adapter_for(request, transport)
-            state = adapter_command(adapter, parse_json_body(await request.body()))
-        except SensoriumError as error:
-            return to_response(error_reply(error))
+        adapter = adapter_for(request, transport)
+        state = adapter_command(adapter, parse_json_body(await request.body()))
         return JsonResponse(state)
 
     return router

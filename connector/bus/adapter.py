@@ -34,7 +34,6 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
 
-from connector.api.app import Readiness
 from connector.bus.messages import (
     DEFAULT_RETENTION_SECONDS,
     DEFAULT_SERVICE,
@@ -66,8 +65,8 @@ from connector.core.admission import find_action
 from connector.core.ids import OPERATION_KIND, operation_id
 from connector.core.lifecycle import TERMINAL_STATUSES, BusState, Status, is_terminal
 from connector.errors import AdmissionError, SensoriumError
+from connector.service.answers import Accepted, Done, public_refusal
 from connector.service.connector import ConnectorService, wall_clock
-from connector.service.replies import Reply
 from connector.storage.registry import DeferredRegistry, OperationRecord
 
 _log = logging.getLogger("sensorium.bus")
@@ -79,9 +78,11 @@ Handler = Callable[[str | None, bytes], Awaitable[dict[str, Any] | bytes]]
 class HostFace(Protocol):
     """What the Bus needs of the reference host (`connector.host.service.HostService`)."""
 
-    async def admit(self, token: str | None, directive: Any, *, bus_op: str | None = None) -> Reply: ...
+    async def admit(
+        self, token: str | None, directive: Any, *, bus_op: str | None = None
+    ) -> Accepted | Done: ...
 
-    async def cancel(self, token: str | None, op_id: str) -> Reply: ...
+    async def cancel(self, token: str | None, op_id: str) -> Done: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +115,7 @@ class BusAdapter:
         service: ConnectorService,
         registry: DeferredRegistry,
         data_dir: Path,
-        readiness: Readiness | None = None,
+        on_subscribed: Callable[[], None] | None = None,
         clock: Callable[[], datetime] = wall_clock,
     ) -> None:
         self.settings = settings
@@ -123,7 +124,7 @@ class BusAdapter:
         self._service = service
         self._registry = registry
         self._data_dir = data_dir
-        self._readiness = readiness
+        self._on_subscribed = on_subscribed
         self._clock = clock
         self.nc = NATS()
         self._store: AnnouncementStore | None = None
@@ -203,8 +204,8 @@ class BusAdapter:
             callback = self._dispatcher(handler, inline=inline)
             self._subscriptions.append(await self.nc.subscribe(subject, cb=callback))
         await self.nc.flush(timeout=self.settings.flush_timeout)  # type: ignore[arg-type]
-        if self._readiness is not None:
-            self._readiness.bus_subscribed = True
+        if self._on_subscribed is not None:
+            self._on_subscribed()
         self.subscribed.set()
         _log.info("bus subscribed (service %s)", self.settings.service)
         await self._sweep()
@@ -359,11 +360,12 @@ class BusAdapter:
         self, token: str | None, request: StartRequest, *, known_state: BusState | None = None
     ) -> dict[str, Any]:
         """Host admission; the reply's state is read back from the durable record."""
-        reply = await self._host.admit(token, request.directive, bus_op=request.op)
-        if reply.status_code >= 400:
-            error = _reply_error(reply)
-            return refusal(request.op, error, state=known_state or BusState.UNKNOWN)
-        operation_id = (reply.body or {}).get("operation/id")
+        try:
+            answer = await self._host.admit(token, request.directive, bus_op=request.op)
+        except SensoriumError as error:
+            return refusal(request.op, public_refusal(error), state=known_state or BusState.UNKNOWN)
+        body = answer.handle if isinstance(answer, Accepted) else answer.document
+        operation_id = body.get("operation/id")
         record = await self._registry.get(operation_id) if isinstance(operation_id, str) else None
         if record is None:
             # Only a deferred operation belongs on the Bus; a sync answer here would be a host bug.
@@ -381,12 +383,12 @@ class BusAdapter:
             return unknown_reply(op)
         async with self._lock(principal.principal_id, record.operation_id):
             live = await self._live_unrequested(principal, record)
-            reply = await self._host.cancel(token, record.operation_id)
-            if reply.status_code == 404:
-                return unknown_reply(op)
-            if reply.status_code >= 400:
-                return refusal(op, _reply_error(reply), state=record_state(record)[0])
-            after = dict(reply.body or {})
+            try:
+                after = dict((await self._host.cancel(token, record.operation_id)).document)
+            except SensoriumError as error:
+                if error.code == "unknown-operation":
+                    return unknown_reply(op)
+                return refusal(op, public_refusal(error), state=record_state(record)[0])
         changed = cancel_changed(was_live_unrequested=live, after=after)
         return cancel_reply(op, cancelled=changed, state=status_state(after))
 
@@ -512,15 +514,3 @@ class _KeyLock:
         lock.release()
         if not lock.locked() and lock.statistics().tasks_waiting == 0:
             del self._locks[self._key]
-
-
-def _reply_error(reply: Reply) -> SensoriumError:
-    """The `sensorium-error.v1` of a refused service reply, as an error (code and fixed message only)."""
-    body = reply.body or {}
-    error = SensoriumError(str(body.get("message", "refused")), code=str(body.get("code", "internal")))
-    diagnostics = body.get("diagnostics")
-    if isinstance(diagnostics, list):
-        error.diagnostics = tuple(dict(d) for d in diagnostics if isinstance(d, Mapping))
-    retry = body.get("retry_after_seconds")
-    error.retry_after_seconds = retry if isinstance(retry, int) else None
-    return error

@@ -17,12 +17,12 @@ import anyio
 import uvicorn
 
 from connector.api.console import console_router
+from connector.api.host_routes import host_router
+from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.bus.messages import Subjects, check_broker_url
 from connector.cli.main import EXIT_OK, EXIT_USAGE, DefaultsHelp, usage_error
 from connector.contract.transports import TRANSPORTS
 from connector.errors import CatalogError
-from connector.host.routes import host_router
-from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from connector.service.operations import LiveConnectorOperations
 from connector.storage.files import make_private_dir
 from connector.telemetry.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
@@ -225,9 +225,7 @@ def extra_routers(assembled: Assembled) -> list[Any]:
     )
     return [
         host_router(assembled.host),
-        console_router(
-            assembled.host, authenticate=assembled.service.authenticate, operations=operations
-        ),
+        console_router(assembled.host, authenticate=assembled.service.authenticate, operations=operations),
     ]
 
 

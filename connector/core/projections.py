@@ -199,6 +199,11 @@ def durable_metadata(view: SessionView) -> dict[str, Any]:
     return metadata
 
 
+def command_metadata(status: Mapping[str, Any]) -> dict[str, Any]:
+    """The durable metadata of a command: its status document without `result`."""
+    return {key: value for key, value in status.items() if key != "result"}
+
+
 def status_from_durable(
     metadata: Mapping[str, Any], *, final_revision: int, causal_context: Mapping[str, Any] | None
 ) -> dict[str, Any]:

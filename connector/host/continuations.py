@@ -17,6 +17,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
@@ -27,7 +28,7 @@ from connector.contract.validate import validate
 from connector.core.lifecycle import Status, is_terminal
 from connector.errors import SensoriumError
 from connector.host.metrics import HostMetrics
-from connector.service.replies import Reply
+from connector.service.answers import Accepted, Done, public_refusal
 from connector.storage.registry import DeferredRegistry, OperationRecord
 
 _log = logging.getLogger(__name__)
@@ -229,10 +230,10 @@ class DeferredCapability(Protocol):
 
     continuations: ContinuationStore
 
-    async def admit(self, token: str | None, directive: Any, *, bus_op: str | None = None) -> Reply:
+    async def admit(self, token: str | None, directive: Any, *, bus_op: str | None = None) -> Accepted | Done:
         """Host admission."""
 
-    async def cancel(self, token: str | None, op_id: str) -> Reply:
+    async def cancel(self, token: str | None, op_id: str) -> Done:
         """Cancel an operation of this caller."""
 
 
@@ -244,14 +245,18 @@ async def run_step(
     mode: DeferredResponseMode = DeferredResponseMode.SURFACE_TO_CALLER,
 ) -> StepOutcome:
     """Call the capability; on a deferred handle suspend (surface) or refuse and cancel (reject)."""
-    reply = await host.admit(token, directive)
-    outcome = classify_outcome(reply.body, mode)
-    body = reply.body or {}
+    try:
+        answer = await host.admit(token, directive)
+    except SensoriumError as error:
+        return classify_outcome(public_refusal(error).to_document(), mode)
+    body = answer.handle if isinstance(answer, Accepted) else answer.document
+    outcome = classify_outcome(body, mode)
     is_handle = body.get("schema") == "deferred-operation.v1"
     if outcome.kind == "deferred" and is_handle:
         op_id = body["operation/id"]
         stored = {"deadline_at": body["expires_at"], **continuation, "deferred_operation_id": op_id}
         await host.continuations.suspend(op_id, stored)
     elif is_handle and "cancel_href" in body:
-        await host.cancel(token, body["operation/id"])
+        with contextlib.suppress(SensoriumError):  # refused or already gone: the flow fails either way
+            await host.cancel(token, body["operation/id"])
     return outcome

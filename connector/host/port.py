@@ -13,12 +13,12 @@ from typing import Any, Protocol
 
 from connector.core import authority
 from connector.core.lifecycle import Status, is_terminal
+from connector.core.projections import command_metadata
 from connector.errors import SensoriumError
 from connector.host.documents import Kind
-from connector.runtime.commands import command_metadata
 from connector.runtime.manager import UnknownOperation
+from connector.service.answers import Accepted, Done
 from connector.service.connector import ConnectorService
-from connector.service.replies import Reply
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +50,9 @@ class ConnectorPort(Protocol):
     def action(self, action_id: str) -> ActionInfo | None:
         """The catalog action, or None when the catalog no longer has it."""
 
-    async def admit(self, principal: authority.Principal, directive: Any, *, op_key: str | None) -> Reply:
+    async def admit(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+    ) -> Accepted | Done:
         """The connector's admission (SPEC 2) for an authenticated principal."""
 
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
@@ -92,7 +94,9 @@ class InProcessConnector:
             preferred_max_ttl_seconds=profile.preferred_max_ttl_seconds if profile else None,
         )
 
-    async def admit(self, principal: authority.Principal, directive: Any, *, op_key: str | None) -> Reply:
+    async def admit(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+    ) -> Accepted | Done:
         """Admission in SPEC 2 order; `op_key` (a Bus `op`) overrides the idempotency key."""
         return await self.service.invoke_as(principal, directive, op_key=op_key)
 

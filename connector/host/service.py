@@ -31,15 +31,15 @@ from connector.core.canonical import canonical_bytes, sha256_hex
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import IllegalTransition, Status, is_terminal
 from connector.core.policy import DeferredHostPolicy
-from connector.errors import SensoriumError
+from connector.errors import SensoriumError, unknown_operation
 from connector.host import documents
 from connector.host.continuations import ContinuationStore
 from connector.host.documents import DEADLINE_EXCEEDED, RESPONSE_TOO_LARGE, Kind, kind_of, rules_of
 from connector.host.metrics import HostMetrics
 from connector.host.port import ActionInfo, ConnectorPort, InProcessConnector, Observed
 from connector.host.receipts import record_receipt
+from connector.service.answers import Accepted, Done
 from connector.service.connector import ConnectorService
-from connector.service.replies import Reply, error_reply, unknown_operation
 from connector.storage.registry import DEFAULT_RETENTION, DeferredRegistry, OperationRecord
 
 _log = logging.getLogger("sensorium.host")
@@ -98,22 +98,16 @@ class HostService:
 
     # ---- admission -----------------------------------------------------------------------------------------
 
-    async def admit(self, token: str | None, directive: Any, *, bus_op: str | None = None) -> Reply:
+    async def admit(self, token: str | None, directive: Any, *, bus_op: str | None = None) -> Accepted | Done:
         """POST /v1/host/directives: connector admission, then the host handle (202) or the sync answer."""
-        try:
-            principal = self.port.authenticate(token)
-        except SensoriumError as error:
-            return error_reply(error)
+        principal = self.port.authenticate(token)
         # Every repeat goes through the connector's full admission (steps 2-8, issue D6); the connector
         # answers a keyed repeat of ended or restart-cut work from its durable record and starts nothing,
         # and `_accept` then answers the host's recorded handle.
-        reply = await self.port.admit(principal, directive, op_key=bus_op)
-        if reply.status_code != 202 or reply.body is None:
-            return reply
-        try:
-            return await self._accept(principal, directive, reply.body, bus_op)
-        except SensoriumError as error:
-            return error_reply(error)
+        answer = await self.port.admit(principal, directive, op_key=bus_op)
+        if not isinstance(answer, Accepted):
+            return answer
+        return await self._accept(principal, directive, answer.handle, bus_op)
 
     async def _accept(
         self,
@@ -121,11 +115,11 @@ class HostService:
         directive: Mapping[str, Any],
         connector_handle: Mapping[str, Any],
         bus_op: str | None,
-    ) -> Reply:
+    ) -> Accepted:
         op_id = connector_handle["connector_operation/id"]
         existing = await self.registry.get(op_id)
         if existing is not None:
-            return _handle_reply(existing)
+            return _accepted_handle(existing)
         record = await self._new_record(principal, directive, connector_handle, bus_op)
         try:
             inserted = await self.registry.record_accepted(record)
@@ -135,10 +129,10 @@ class HostService:
             raise
         if not inserted:
             known = await self.registry.get(op_id)
-            return _handle_reply(known if known is not None else record)
+            return _accepted_handle(known if known is not None else record)
         if self.on_admitted is not None:
             self.on_admitted()
-        return _handle_reply(record)
+        return _accepted_handle(record)
 
     async def _new_record(
         self,
@@ -209,30 +203,24 @@ class HostService:
         *,
         wait_seconds: float | None = None,
         after_revision: int | None = None,
-    ) -> Reply:
+    ) -> Done:
         """GET /v1/host/operations/{id}: the connector's status live, with the host's policy fields."""
-        try:
-            record = await self._visible(token, op_id)
-            document = await self.port.caller_status(
-                op_id, kind_of(record), wait_seconds=wait_seconds, after_revision=after_revision
-            )
-            return Reply(200, await self._answer(record, document))
-        except SensoriumError as error:
-            return error_reply(error)
+        record = await self._visible(token, op_id)
+        document = await self.port.caller_status(
+            op_id, kind_of(record), wait_seconds=wait_seconds, after_revision=after_revision
+        )
+        return Done(await self._answer(record, document))
 
-    async def cancel(self, token: str | None, op_id: str) -> Reply:
+    async def cancel(self, token: str | None, op_id: str) -> Done:
         """POST /v1/host/operations/{id}/cancel: bridged only where the handle has a `cancel_href`."""
-        try:
-            record = await self._visible(token, op_id)
-            kind = kind_of(record)
-            if record.terminal:
-                document = await self.port.caller_status(op_id, kind, wait_seconds=None, after_revision=None)
-            else:
-                _require_cancelable(record)
-                document = await self.port.cancel(op_id, kind)
-            return Reply(200, await self._answer(record, document))
-        except SensoriumError as error:
-            return error_reply(error)
+        record = await self._visible(token, op_id)
+        kind = kind_of(record)
+        if record.terminal:
+            document = await self.port.caller_status(op_id, kind, wait_seconds=None, after_revision=None)
+        else:
+            _require_cancelable(record)
+            document = await self.port.cancel(op_id, kind)
+        return Done(await self._answer(record, document))
 
     async def _visible(self, token: str | None, op_id: str) -> OperationRecord:
         principal = self.port.authenticate(token)
@@ -463,55 +451,43 @@ class HostService:
 
     # ---- operators -----------------------------------------------------------------------------------------
 
-    async def operator_list(self, token: str | None, status: str | None = None) -> Reply:
+    async def operator_list(self, token: str | None, status: str | None = None) -> Done:
         """GET /v1/admin/deferred-operations?status=: durable views, most recently updated first."""
-        try:
-            self._operator(token)
-            if status is not None and status not in _STATUSES:
-                raise SensoriumError(
-                    "unknown status filter",
-                    code="invalid-input",
-                    diagnostics=[{"code": "invalid-input", "message": "/status: unknown-status"}],
-                )
-            records = await self.registry.list(status=status)
-            return Reply(200, {"operations": [documents.durable_view(r) for r in records]})
-        except SensoriumError as error:
-            return error_reply(error)
+        self._operator(token)
+        if status is not None and status not in _STATUSES:
+            raise SensoriumError(
+                "unknown status filter",
+                code="invalid-input",
+                diagnostics=[{"code": "invalid-input", "message": "/status: unknown-status"}],
+            )
+        records = await self.registry.list(status=status)
+        return Done({"operations": [documents.durable_view(r) for r in records]})
 
-    async def operator_detail(self, token: str | None, op_id: str) -> Reply:
+    async def operator_detail(self, token: str | None, op_id: str) -> Done:
         """GET /v1/admin/deferred-operations/{id}: durable view, history digests, receipt."""
-        try:
-            self._operator(token)
-            return Reply(200, await self._detail(await self._known(op_id)))
-        except SensoriumError as error:
-            return error_reply(error)
+        self._operator(token)
+        return Done(await self._detail(await self._known(op_id)))
 
-    async def operator_poll(self, token: str | None, op_id: str) -> Reply:
+    async def operator_poll(self, token: str | None, op_id: str) -> Done:
         """POST /v1/admin/deferred-operations/{id}/poll: poll now, then the detail."""
-        try:
-            self._operator(token)
-            record = await self.poll(await self._known(op_id))
-            return Reply(200, await self._detail(record))
-        except SensoriumError as error:
-            return error_reply(error)
+        self._operator(token)
+        record = await self.poll(await self._known(op_id))
+        return Done(await self._detail(record))
 
-    async def operator_cancel(self, token: str | None, op_id: str) -> Reply:
+    async def operator_cancel(self, token: str | None, op_id: str) -> Done:
         """POST /v1/admin/deferred-operations/{id}/cancel: bridged where cancelable, then the detail."""
-        try:
-            self._operator(token)
-            record = await self._known(op_id)
-            if not record.terminal:
-                _require_cancelable(record)
-                kind = kind_of(record)
-                if await self.port.cancel(op_id, kind) is None:
-                    record = await self._conclude(record, Status.UNKNOWN, None, self.clock())
-                else:
-                    observed = await self.port.observe(op_id, kind)
-                    retry = self._retry(record, None)
-                    record = await self._record(record, observed, self.clock(), retry, attempts=None)
-            return Reply(200, await self._detail(record))
-        except SensoriumError as error:
-            return error_reply(error)
+        self._operator(token)
+        record = await self._known(op_id)
+        if not record.terminal:
+            _require_cancelable(record)
+            kind = kind_of(record)
+            if await self.port.cancel(op_id, kind) is None:
+                record = await self._conclude(record, Status.UNKNOWN, None, self.clock())
+            else:
+                observed = await self.port.observe(op_id, kind)
+                retry = self._retry(record, None)
+                record = await self._record(record, observed, self.clock(), retry, attempts=None)
+        return Done(await self._detail(record))
 
     def _operator(self, token: str | None) -> None:
         authority.require_operator(self.port.authenticate(token))
@@ -548,8 +524,6 @@ def _with_metadata(record: OperationRecord, metadata: Mapping[str, Any]) -> Oper
     return replace(record, metadata=dict(metadata))
 
 
-def _handle_reply(record: OperationRecord) -> Reply:
-    """202 with the recorded first handle, `Location` and `Retry-After`."""
-    handle = record.handle
-    headers = {"Location": handle["status_href"], "Retry-After": str(handle["retry_after_seconds"])}
-    return Reply(202, handle, headers)
+def _accepted_handle(record: OperationRecord) -> Accepted:
+    """The recorded first handle, read at its `status_href`."""
+    return Accepted(record.handle, record.handle["status_href"])

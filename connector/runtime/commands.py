@@ -172,11 +172,6 @@ def status_document(operation: CommandOperation, *, retry_after_seconds: int = 1
     return doc
 
 
-def command_metadata(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The durable metadata of a command: its status document without `result`."""
-    return {key: value for key, value in status.items() if key != "result"}
-
-
 def directive_result(operation: CommandOperation) -> dict[str, Any]:
     """The `sensorium-directive-result.v1` of a finished operation (sync answers and their replays)."""
     doc: dict[str, Any] = {"schema": "sensorium-directive-result.v1", "action_id": operation.action_id}

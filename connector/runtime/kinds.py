@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from connector.core.lifecycle import Status, is_terminal
-from connector.runtime.commands import CommandRunner, command_metadata
+from connector.core.projections import command_metadata
+from connector.runtime.commands import CommandRunner
 from connector.runtime.manager import DiscoveryManager, UnknownOperation
 
 Kind = Literal["discovery", "command"]

@@ -4,25 +4,21 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from connector.errors import SensoriumError
-from connector.service.replies import Reply, error_reply
+from connector.service.answers import Done
 from connector.storage.state import Binding
 
 if TYPE_CHECKING:
     from connector.service.connector import ConnectorService
 
 
-async def list_bindings(service: ConnectorService, token: str | None) -> Reply:
+async def list_bindings(service: ConnectorService, token: str | None) -> Done:
     """The bindings this principal may see: its own with `address`, or (operator) every one with `owner`."""
-    try:
-        principal = service.authenticate(token)
-    except SensoriumError as error:
-        return error_reply(error)
+    principal = service.authenticate(token)
     if principal.role == "operator":
         every = await service.state.list_bindings(None)
-        return Reply(200, {"bindings": [_operator_entry(b) for b in every]})
+        return Done({"bindings": [_operator_entry(b) for b in every]})
     own = await service.state.list_bindings(principal.principal_id)
-    return Reply(200, {"bindings": [_caller_entry(b) for b in own]})
+    return Done({"bindings": [_caller_entry(b) for b in own]})
 
 
 def _common(binding: Binding) -> dict[str, Any]:

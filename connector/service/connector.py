@@ -31,10 +31,10 @@ from connector.core.lifecycle import Status, is_terminal
 from connector.core.policy import DeferredHostPolicy, discovery_window_end
 from connector.core.projections import status_from_durable
 from connector.core.scope import DiscoveryScope, parse_discovery_input
-from connector.errors import AdmissionError, SensoriumError
+from connector.errors import AdmissionError, SensoriumError, unknown_operation
 from connector.runtime.commands import CommandAction, CommandRunner, check_command_input
 from connector.runtime.manager import DiscoveryManager, UnknownOperation
-from connector.service.replies import Reply, error_reply, unknown_operation
+from connector.service.answers import Accepted, Created, Done, Gone
 from connector.storage.principals import PrincipalDirectory
 from connector.storage.state import Binding, CommandOperation, ConnectorState, DiscoveryRecord
 from providers.base import Provider
@@ -70,7 +70,7 @@ class _Admitted:
     """
 
     fingerprint: bytes
-    reply: Reply
+    answer: Accepted
     recorded: anyio.Event = field(default_factory=anyio.Event)
     failed: bool = False
     refusal: SensoriumError | None = None
@@ -82,7 +82,7 @@ class _Bound:
 
     candidate_ref: str
     binding_id: str
-    reply: Reply
+    answer: Created
 
 
 @dataclass(slots=True)
@@ -207,24 +207,20 @@ class ConnectorService:
 
     # ---- directives ----------------------------------------------------------------------------------------
 
-    async def invoke(self, token: str | None, directive: Any) -> Reply:
+    async def invoke(self, token: str | None, directive: Any) -> Accepted | Done:
         """POST /v1/directives: admission in SPEC 2 order, then start or run the work."""
-        try:
-            principal = self.authenticate(token)
-            return await self._admit(principal, directive, idempotency_key=None)
-        except SensoriumError as error:
-            return error_reply(error)
+        principal = self.authenticate(token)
+        return await self._admit(principal, directive, idempotency_key=None)
 
-    async def invoke_as(self, principal: authority.Principal, directive: Any, *, op_key: str | None) -> Reply:
+    async def invoke_as(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+    ) -> Accepted | Done:
         """Admission for an already authenticated principal; `op_key` overrides the idempotency key (Bus)."""
-        try:
-            return await self._admit(principal, directive, idempotency_key=op_key)
-        except SensoriumError as error:
-            return error_reply(error)
+        return await self._admit(principal, directive, idempotency_key=op_key)
 
     async def _admit(
         self, principal: authority.Principal, directive: Any, *, idempotency_key: str | None
-    ) -> Reply:
+    ) -> Accepted | Done:
         _check_directive(directive)
         action = find_action(self.catalog.actions, directive["action_id"])
         timing = directive["timing"]
@@ -252,7 +248,7 @@ class ConnectorService:
         action: CatalogAction,
         directive: Mapping[str, Any],
         key: str | None,
-    ) -> Reply:
+    ) -> Accepted:
         timing = directive["timing"]
         profile = self.catalog.discovery_profile(action.action_id)
         scope = parse_discovery_input(directive["input"], profile, timeout_ms=timing.get("timeout_ms"))
@@ -275,7 +271,7 @@ class ConnectorService:
                 raise admitted.refusal  # the first admission was refused: so is its repeat
             if admitted.failed:
                 raise SensoriumError("the first admission with this key failed", code="internal")
-            return admitted.reply
+            return admitted.answer
         return await self._start_scan(principal, action, directive, scope, op_id, fingerprint, key)
 
     def _reserve_live(self, owner: str, op_id: str) -> None:
@@ -311,7 +307,7 @@ class ConnectorService:
         op_id: str,
         fingerprint: bytes,
         key: str | None,
-    ) -> Reply:
+    ) -> Accepted:
         """Reserve, take the claim, record durably, then launch: the 202 leaves only after the record."""
         timing = directive["timing"]
         profile = self.catalog.discovery_profile(action.action_id)
@@ -327,8 +323,8 @@ class ConnectorService:
         retry_after = _retry_after(action)
         self._reserve_live(principal.principal_id, op_id)
         handle = _deferred_handle(op_id, action.action_id, retry_after, expires_at - now, cancelable=True)
-        reply = _accepted(handle)
-        admitted = _Admitted(fingerprint, reply)
+        answer = _accepted(handle)
+        admitted = _Admitted(fingerprint, answer)
         if key is not None:
             self._admitted[op_id] = admitted  # before any await: a concurrent repeat waits for this one
         try:
@@ -370,7 +366,7 @@ class ConnectorService:
         finally:
             admitted.recorded.set()
         self.discovery.launch(op_id)
-        return reply
+        return answer
 
     async def _admit_command(
         self,
@@ -378,7 +374,7 @@ class ConnectorService:
         action: CatalogAction,
         directive: Mapping[str, Any],
         key: str | None,
-    ) -> Reply:
+    ) -> Accepted | Done:
         command = CommandAction.from_catalog(action)
         check_command_input(command, directive["input"])
         fingerprint = directive_fingerprint(directive).hex()
@@ -386,7 +382,7 @@ class ConnectorService:
         existing = await self._reserve(principal, op_id)
         if existing is not None:
             check_idempotent_replay(bytes.fromhex(existing.idempotency_fp or ""), bytes.fromhex(fingerprint))
-            return _command_reply(await self.commands.replay(op_id, command))
+            return _command_answer(await self.commands.replay(op_id, command))
         try:
             return await self._submit(principal, command, directive, op_id, fingerprint)
         except BaseException:
@@ -416,7 +412,7 @@ class ConnectorService:
         directive: Mapping[str, Any],
         op_id: str,
         fingerprint: str,
-    ) -> Reply:
+    ) -> Accepted | Done:
         timing = directive["timing"]
         now = self._clock()
         deadline = parse_time(timing["deadline_at"]) if "deadline_at" in timing else None
@@ -438,7 +434,7 @@ class ConnectorService:
             idempotency_fp=fingerprint,
             causal_context=directive.get("causal/context"),
         )
-        return _command_reply(answer)
+        return _command_answer(answer)
 
     # ---- operations ----------------------------------------------------------------------------------------
 
@@ -449,24 +445,21 @@ class ConnectorService:
         *,
         wait_seconds: float | None = None,
         after_revision: int | None = None,
-    ) -> Reply:
+    ) -> Done:
         """GET /v1/operations/{id}, with the optional long poll."""
-        try:
-            ref = await self.locate(self.authenticate(token), op_id)
-            wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
-            if not wait:
-                return Reply(200, await self._current_status(ref))
-            if ref.kind == "command":
-                document = await self.commands.wait_status(op_id, wait)
-            elif ref.record is not None:
-                document = await self._discovery_status(ref)  # ended: nothing will change any more
-            else:
-                document = await self._wait_for_change(ref, after_revision, wait)
-            # Authority is checked again after the wait: a revocation meanwhile answers as for anyone else.
-            await self.locate(self.authenticate(token), op_id)
-            return Reply(200, document)
-        except SensoriumError as error:
-            return error_reply(error)
+        ref = await self.locate(self.authenticate(token), op_id)
+        wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
+        if not wait:
+            return Done(await self._current_status(ref))
+        if ref.kind == "command":
+            document = await self.commands.wait_status(op_id, wait)
+        elif ref.record is not None:
+            document = await self._discovery_status(ref)  # ended: nothing will change any more
+        else:
+            document = await self._wait_for_change(ref, after_revision, wait)
+        # Authority is checked again after the wait: a revocation meanwhile answers as for anyone else.
+        await self.locate(self.authenticate(token), op_id)
+        return Done(document)
 
     async def _current_status(self, ref: OperationRef) -> dict[str, Any]:
         if ref.kind == "command":
@@ -494,52 +487,45 @@ class ConnectorService:
         except UnknownOperation:  # the session left memory meanwhile: its record answers
             return await self._discovery_status(ref)
 
-    async def cancel(self, token: str | None, op_id: str) -> Reply:
+    async def cancel(self, token: str | None, op_id: str) -> Done:
         """POST /v1/operations/{id}/cancel: the status after the request."""
-        try:
-            ref = await self.locate(self.authenticate(token), op_id)
-            if ref.kind == "command":
-                return Reply(200, await self.commands.cancel(op_id))
-            if self.discovery.find(op_id) is not None:
-                return Reply(200, self.discovery.cancel(op_id))
-            return Reply(200, await self._discovery_status(ref))  # ended: the unchanged status
-        except SensoriumError as error:
-            return error_reply(error)
+        ref = await self.locate(self.authenticate(token), op_id)
+        if ref.kind == "command":
+            return Done(await self.commands.cancel(op_id))
+        if self.discovery.find(op_id) is not None:
+            return Done(self.discovery.cancel(op_id))
+        return Done(await self._discovery_status(ref))  # ended: the unchanged status
 
-    async def select(self, token: str | None, op_id: str, body: Any) -> Reply:
+    async def select(self, token: str | None, op_id: str, body: Any) -> Done:
         """POST /v1/operations/{id}/selection: remember a candidate of a running snapshot (memory only)."""
-        try:
-            principal = self.authenticate(token)
-            ref = await self.locate(principal, op_id)
-            authority.require_grant(principal, ref.action_id, ref.transport)
-            candidate_ref = _body_string(body, "candidate/ref", allowed={"candidate/ref"})
-            handle = self.discovery.find(op_id) if ref.kind == "discovery" else None
-            if handle is None or handle.candidate_document(candidate_ref) is None:
-                raise SensoriumError("unknown candidate", code="unknown-candidate")
-            self._selections.setdefault(op_id, set()).add(candidate_ref)
-            return Reply(200, {"operation/id": op_id, "candidate/ref": candidate_ref, "selected": True})
-        except SensoriumError as error:
-            return error_reply(error)
+        principal = self.authenticate(token)
+        ref = await self.locate(principal, op_id)
+        authority.require_grant(principal, ref.action_id, ref.transport)
+        candidate_ref = _body_string(body, "candidate/ref", allowed={"candidate/ref"})
+        handle = self.discovery.find(op_id) if ref.kind == "discovery" else None
+        if handle is None or handle.candidate_document(candidate_ref) is None:
+            raise SensoriumError("unknown candidate", code="unknown-candidate")
+        self._selections.setdefault(op_id, set()).add(candidate_ref)
+        return Done({"operation/id": op_id, "candidate/ref": candidate_ref, "selected": True})
 
-    async def bind(self, token: str | None, op_id: str, body: Any) -> Reply:
+    async def bind(self, token: str | None, op_id: str, body: Any) -> Created:
         """POST /v1/operations/{id}/bindings: consume a candidate exactly once and reveal its address."""
-        try:
-            principal = self.authenticate(token)
-            ref = await self.locate(principal, op_id)
-            authority.require_grant(principal, ref.action_id, ref.transport)
-            allowed = {"candidate/ref", "idempotency_key"}
-            candidate_ref = _body_string(body, "candidate/ref", allowed=allowed)
-            key = _body_string(body, "idempotency_key", allowed=allowed)
-            if ref.kind != "discovery":
-                raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
-            if self.discovery.find(op_id) is None:
-                _check_bindable(Status((await self._discovery_status(ref))["status"]), True)
-                raise SensoriumError("unknown candidate", code="unknown-candidate")  # the result was erased
-            return await self._bind(principal, op_id, candidate_ref, key)
-        except SensoriumError as error:
-            return error_reply(error)
+        principal = self.authenticate(token)
+        ref = await self.locate(principal, op_id)
+        authority.require_grant(principal, ref.action_id, ref.transport)
+        allowed = {"candidate/ref", "idempotency_key"}
+        candidate_ref = _body_string(body, "candidate/ref", allowed=allowed)
+        key = _body_string(body, "idempotency_key", allowed=allowed)
+        if ref.kind != "discovery":
+            raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
+        if self.discovery.find(op_id) is None:
+            _check_bindable(Status((await self._discovery_status(ref))["status"]), True)
+            raise SensoriumError("unknown candidate", code="unknown-candidate")  # the result was erased
+        return await self._bind(principal, op_id, candidate_ref, key)
 
-    async def _bind(self, principal: authority.Principal, op_id: str, candidate_ref: str, key: str) -> Reply:
+    async def _bind(
+        self, principal: authority.Principal, op_id: str, candidate_ref: str, key: str
+    ) -> Created:
         book = self._bindings.setdefault(op_id, _Bindings())
         while (pending := book.pending.get(key)) is not None:
             await pending.wait()
@@ -554,8 +540,8 @@ class ConnectorService:
         binding = Binding(opaque_id(self._entropy(16)), principal.principal_id, target[0], target[1], now)
         try:
             await self.state.insert_binding(binding)
-            reply = Reply(201, _binding_document(binding, op_id, candidate_ref, document))
-            book.by_key[key] = _Bound(candidate_ref, binding.binding_id, reply)
+            answer = Created(_binding_document(binding, op_id, candidate_ref, document))
+            book.by_key[key] = _Bound(candidate_ref, binding.binding_id, answer)
             self._bound_keys[binding.binding_id] = (op_id, key)
         except BaseException:
             book.consumed.discard(candidate_ref)
@@ -563,7 +549,7 @@ class ConnectorService:
         finally:
             del book.pending[key]
             stored.set()
-        return reply
+        return answer
 
     def _bindable(
         self, op_id: str, candidate_ref: str, book: _Bindings, now: datetime
@@ -582,29 +568,26 @@ class ConnectorService:
             raise SensoriumError("the candidate was already bound", code="candidate-consumed")
         return document, target
 
-    async def _replay_binding(self, earlier: _Bound, candidate_ref: str) -> Reply:
+    async def _replay_binding(self, earlier: _Bound, candidate_ref: str) -> Created:
         """The first answer again, unless the key was used for another candidate or the binding is gone."""
         if earlier.candidate_ref != candidate_ref:
             raise SensoriumError("idempotency key reused for another candidate", code="idempotency-conflict")
         if await self.state.get_binding(earlier.binding_id) is None:
             raise SensoriumError("the candidate was already bound", code="candidate-consumed")
-        return earlier.reply
+        return earlier.answer
 
-    async def forget(self, token: str | None, binding_id: str) -> Reply:
+    async def forget(self, token: str | None, binding_id: str) -> Gone:
         """DELETE /v1/bindings/{id}: erase a binding (the owner's own, or any for an operator)."""
-        try:
-            principal = self.authenticate(token)
-            binding = await self.state.get_binding(binding_id)
-            if binding is None or not authority.may_forget_binding(principal, binding.owner):
-                raise SensoriumError("unknown binding", code="unknown-binding")
-            if not await self.state.delete_binding(binding_id):
-                raise SensoriumError("unknown binding", code="unknown-binding")  # a concurrent forget won
-            self._drop_bound_reply(binding_id)
-            return Reply(204, None)
-        except SensoriumError as error:
-            return error_reply(error)
+        principal = self.authenticate(token)
+        binding = await self.state.get_binding(binding_id)
+        if binding is None or not authority.may_forget_binding(principal, binding.owner):
+            raise SensoriumError("unknown binding", code="unknown-binding")
+        if not await self.state.delete_binding(binding_id):
+            raise SensoriumError("unknown binding", code="unknown-binding")  # a concurrent forget won
+        self._drop_bound_answer(binding_id)
+        return Gone()
 
-    def _drop_bound_reply(self, binding_id: str) -> None:
+    def _drop_bound_answer(self, binding_id: str) -> None:
         """Forget the in-memory answer that holds an erased binding's address."""
         located = self._bound_keys.pop(binding_id, None)
         book = None if located is None else self._bindings.get(located[0])
@@ -620,14 +603,11 @@ class ConnectorService:
         """GET /v1/catalog."""
         return self.catalog.summary()
 
-    def revoke(self, token: str | None, principal_id: str, action_id: str | None) -> Reply:
+    def revoke(self, token: str | None, principal_id: str, action_id: str | None) -> Done:
         """POST /v1/admin/principals/{id}/revoke (operators only)."""
-        try:
-            authority.require_operator(self.authenticate(token))
-            lost = self._revoke_now(principal_id, action_id)
-            return Reply(200, revocation_answer(principal_id, action_id, lost))
-        except SensoriumError as error:
-            return error_reply(error)
+        authority.require_operator(self.authenticate(token))
+        lost = self._revoke_now(principal_id, action_id)
+        return Done(revocation_answer(principal_id, action_id, lost))
 
     def _revoke_now(self, principal_id: str, action_id: str | None) -> frozenset[str]:
         try:
@@ -721,17 +701,16 @@ def _deferred_handle(
     return handle
 
 
-def _accepted(handle: Mapping[str, Any]) -> Reply:
-    """202 with `Location` (the status path) and `Retry-After`."""
-    headers = {"Location": handle["status_path"], "Retry-After": str(handle["retry_after_seconds"])}
-    return Reply(202, handle, headers)
+def _accepted(handle: Mapping[str, Any]) -> Accepted:
+    """A `sensorium-connector-deferred.v1` handle, read at its `status_path`."""
+    return Accepted(handle, handle["status_path"])
 
 
-def _command_reply(answer: Mapping[str, Any]) -> Reply:
-    """A command's answer: 202 for a deferred handle, 200 for a sync result."""
+def _command_answer(answer: Mapping[str, Any]) -> Accepted | Done:
+    """A command's answer: a deferred handle, or a sync result."""
     if answer.get("schema") == "sensorium-connector-deferred.v1":
         return _accepted(answer)
-    return Reply(200, answer)
+    return Done(answer)
 
 
 def _binding_document(

@@ -14,7 +14,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from connector.runtime.commands import command_metadata, status_document
+from connector.core.projections import command_metadata
+from connector.runtime.commands import status_document
 from connector.runtime.manager import DiscoveryManager, UnknownOperation
 from connector.storage.state import CommandOperation, ConnectorState, format_time
 

@@ -19,12 +19,12 @@ import nats
 from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 
+from connector.assembly import Assembled, ConnectorConfig, assemble, provider_factory
 from connector.bus.client import BusClient
 from connector.catalog.keys import load_private_key
 from connector.catalog.signing import sign_catalog
 from connector.core.authority import make_grant
 from connector.core.scope import DiscoveryScope
-from connector.service.assembly import Assembled, ConnectorConfig, assemble, provider_factory
 from connector.storage.principals import add_principal
 from providers.base import ObservationSink, Provider, ProviderCapabilities, ProviderSession
 

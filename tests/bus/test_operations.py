@@ -13,6 +13,7 @@ import pytest
 from nats.errors import NoRespondersError
 
 from connector.bus.client import BusRefused
+from connector.service.answers import Accepted
 from connector.storage.registry import OperationRecord
 
 from .broker import NatsServer
@@ -288,13 +289,15 @@ async def test_outcomes_reached_while_the_bus_was_away_are_announced_within_rete
     env = make_env(tmp_path)
     async with running_connector(env, None, host_retention_seconds=4) as assembled:
         old = await assembled.host.admit(env.tokens["alice"], command_directive(REDACT, {"text": "a"}))
-        old_id = old.body["operation/id"] if old.body else ""
+        assert isinstance(old, Accepted)
+        old_id = old.handle["operation/id"]
         with anyio.fail_after(15):
             while not ((r := await assembled.registry.get(old_id)) and r.terminal):
                 await anyio.sleep(0.05)
         await anyio.sleep(4.5)  # now older than the retention
         recent = await assembled.host.admit(env.tokens["alice"], command_directive(REDACT, {"text": "b"}))
-        recent_id = recent.body["operation/id"] if recent.body else ""
+        assert isinstance(recent, Accepted)
+        recent_id = recent.handle["operation/id"]
         with anyio.fail_after(15):
             while not ((r := await assembled.registry.get(recent_id)) and r.terminal):
                 await anyio.sleep(0.05)
@@ -450,8 +453,8 @@ async def test_an_unreachable_broker_delays_readiness_and_not_the_shutdown(tmp_p
             assert assembled.readiness.interrupted_marked and not assembled.readiness.bus_subscribed
             assert not assembled.readiness.ready
             # HTTP keeps working without the Bus.
-            reply = await assembled.host.admit(env.tokens["alice"], command_directive(REDACT, {"text": "a"}))
-            assert reply.status_code == 202
+            answer = await assembled.host.admit(env.tokens["alice"], command_directive(REDACT, {"text": "a"}))
+            assert isinstance(answer, Accepted)
 
 
 @pytest.mark.asyncio
@@ -466,7 +469,7 @@ async def test_a_handle_equal_to_an_http_idempotency_key_is_refused(
         client(broker.url, token) as bus,
     ):
         http = await assembled.host.admit(token, {**ble_scan(30), "idempotency_key": "shared-1"})
-        assert http.status_code == 202
+        assert isinstance(http, Accepted)
         with pytest.raises(BusRefused) as refused:
             await bus.start(ble_scan(30), op="shared-1")
         assert refused.value.code == "idempotency-conflict" and refused.value.reply["state"] == "running"

@@ -15,8 +15,9 @@ import httpx
 from fastapi import APIRouter
 
 from connector.api.console import console_router
+from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.host.service import HostService
-from connector.service.assembly import Assembled, ConnectorConfig, assemble
+from connector.service.answers import Accepted
 
 from .serve_process import REPO, Tokens, add_test_principals, scan_directive, write_fixture
 
@@ -83,15 +84,13 @@ class Console:
     async def start_scan(self, window_seconds: int = 60) -> str:
         """A caller starts a BLE scan through the host (as `POST /v1/host/directives` would)."""
         directive = scan_directive("ble", window_seconds, {"service_uuids": [HEART_RATE]})
-        reply = await self.host.admit(self.tokens.caller, directive)
-        assert reply.status_code == 202 and reply.body is not None
-        return str(reply.body["operation/id"])
+        answer = await self.host.admit(self.tokens.caller, directive)
+        assert isinstance(answer, Accepted)
+        return str(answer.handle["operation/id"])
 
     async def caller_status(self, op_id: str, **kwargs: Any) -> dict[str, Any]:
         """The owning caller's live status through the host."""
-        reply = await self.host.status(self.tokens.caller, op_id, **kwargs)
-        assert reply.status_code == 200 and reply.body is not None
-        return dict(reply.body)
+        return dict((await self.host.status(self.tokens.caller, op_id, **kwargs)).document)
 
     async def sign_in(self, token: str | None = None) -> httpx.Response:
         """Fetch the form, then post the token with its nonce; returns the POST's response."""

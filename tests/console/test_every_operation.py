@@ -20,8 +20,9 @@ import pytest
 from fastapi import APIRouter
 
 from connector.api.console import console_router
+from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.cli.serve_cmd import known_adapters
-from connector.service.assembly import Assembled, ConnectorConfig, assemble
+from connector.service.answers import Accepted
 from connector.service.operations import LiveConnectorOperations
 
 from .conftest import BASE_URL, HEART_RATE, csrf_of
@@ -61,9 +62,9 @@ async def harness(tmp_path: Path) -> AsyncIterator[tuple[Assembled, httpx.AsyncC
 
 
 async def _admit(assembled: Assembled, tokens: Tokens, transport: str, filters: dict[str, Any]) -> str:
-    reply = await assembled.service.invoke(tokens.caller, scan_directive(transport, 30, filters))
-    assert reply.status_code == 202 and reply.body is not None
-    return str(reply.body["connector_operation/id"])
+    answer = await assembled.service.invoke(tokens.caller, scan_directive(transport, 30, filters))
+    assert isinstance(answer, Accepted)
+    return str(answer.handle["connector_operation/id"])
 
 
 async def _until(check: Any, timeout: float = 15.0) -> None:

@@ -14,7 +14,7 @@ from fastapi import FastAPI
 from connector.api.console import console_router, operation_view
 from connector.core.authority import Principal
 from connector.errors import SensoriumError
-from connector.service.replies import Reply
+from connector.service.answers import Done
 
 OP_ID = "deferred:sensorium.directive.invoke:AAAAAAAAAAAAAAAAAAAAAAAAAA"
 CANARY = "CANARYview0f3a9"
@@ -64,23 +64,22 @@ class ScriptedViews:
     record: Mapping[str, Any]
     calls: list[tuple[str, str | None]] = field(default_factory=list)
 
-    async def operator_list(self, token: str | None, status: str | None) -> Reply:
+    async def operator_list(self, token: str | None, status: str | None) -> Done:
         self.calls.append(("list", status))
-        return Reply(200, {"operations": [self.record, "not-a-record", 7]})
+        return Done({"operations": [self.record, "not-a-record", 7]})
 
-    async def operator_detail(self, token: str | None, op_id: str) -> Reply:
+    async def operator_detail(self, token: str | None, op_id: str) -> Done:
         self.calls.append(("detail", op_id))
         history = [{"seq": 1, "at": "2026-11-30T09:00:00Z", "status": "running", "digest": "ab" * 32}]
-        return Reply(200, {"operation": self.record, "history": history, "receipt": {"x": CANARY}})
+        return Done({"operation": self.record, "history": history, "receipt": {"x": CANARY}})
 
-    async def operator_poll(self, token: str | None, op_id: str) -> Reply:
+    async def operator_poll(self, token: str | None, op_id: str) -> Done:
         self.calls.append(("poll", op_id))
         return await self.operator_detail(token, op_id)
 
-    async def operator_cancel(self, token: str | None, op_id: str) -> Reply:
+    async def operator_cancel(self, token: str | None, op_id: str) -> Done:
         self.calls.append(("cancel", op_id))
-        error = SensoriumError("not cancelable " + CANARY, code="not-cancelable")
-        return Reply(409, error.to_document())
+        raise SensoriumError("not cancelable " + CANARY, code="not-cancelable")
 
 
 def authenticate(token: str | None) -> Principal:

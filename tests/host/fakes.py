@@ -11,11 +11,12 @@ from typing import Any
 from connector.core import authority
 from connector.core.authority import Grant, Principal, hash_token
 from connector.core.policy import DeferredHostPolicy
+from connector.errors import SensoriumError
 from connector.host.documents import Kind
 from connector.host.metrics import HostMetrics
 from connector.host.port import ActionInfo, Observed
 from connector.host.service import HostService
-from connector.service.replies import Reply
+from connector.service.answers import Accepted, Done
 from connector.storage.registry import DeferredRegistry
 from tests.host.records import T0, command_metadata, discovery_metadata, new_op_id
 
@@ -91,7 +92,7 @@ class FakePort:
     cancels: list[str] = field(default_factory=list)
     failing: Exception | None = None
     next_handle: dict[str, Any] = field(default_factory=dict)
-    sync_reply: Reply | None = None
+    sync_answer: Done | SensoriumError | None = None  # answered instead of a handle (raised if an error)
     principals: tuple[Principal, ...] = (
         Principal(
             "alice",
@@ -109,9 +110,11 @@ class FakePort:
     def action(self, action_id: str) -> ActionInfo | None:
         return ACTIONS.get(action_id)
 
-    async def admit(self, principal: Principal, directive: Any, *, op_key: str | None) -> Reply:
-        if self.sync_reply is not None:
-            return self.sync_reply
+    async def admit(self, principal: Principal, directive: Any, *, op_key: str | None) -> Accepted | Done:
+        if isinstance(self.sync_answer, SensoriumError):
+            raise self.sync_answer
+        if self.sync_answer is not None:
+            return self.sync_answer
         action = ACTIONS[directive["action_id"]]
         op_id = self.next_handle.pop("connector_operation/id", None) or new_op_id()
         self.ops.setdefault(op_id, FakeOp(action.kind, status="pending"))
@@ -127,7 +130,7 @@ class FakePort:
         handle.update(self.next_handle)
         if "cancel/unavailable-reason" in handle:
             handle.pop("cancel_path")
-        return Reply(202, handle, {"Location": handle["status_path"], "Retry-After": "1"})
+        return Accepted(handle, handle["status_path"])
 
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
         if self.failing is not None:

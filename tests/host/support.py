@@ -14,12 +14,12 @@ from typing import Any
 import anyio
 import httpx
 
+from connector.api.host_routes import host_router
+from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.catalog.keys import load_private_key
 from connector.catalog.signing import sign_catalog
 from connector.contract.validate import validate
 from connector.core.authority import make_grant
-from connector.host.routes import host_router
-from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from connector.storage.principals import add_principal
 from providers.base import Provider
 

@@ -23,6 +23,7 @@ from connector.host.continuations import (
 )
 from connector.host.metrics import HostMetrics
 from connector.host.service import HostService
+from connector.service.answers import Accepted
 from connector.storage.registry import DeferredRegistry
 from tests.host.fakes import TOKENS, FakePort, Jitter, fake_host
 from tests.host.fakes import directive as make_directive
@@ -227,8 +228,9 @@ async def test_suspending_after_the_end_settles_at_once(tmp_path: Path) -> None:
     flow = FlowConsumer()
     try:
         await host.continuations.install(flow.hook)
-        reply = await host.admit(ALICE, make_directive("whisper.redaction.prepare"))
-        op_id = str((reply.body or {})["operation/id"])
+        answer = await host.admit(ALICE, make_directive("whisper.redaction.prepare"))
+        assert isinstance(answer, Accepted)
+        op_id = str(answer.handle["operation/id"])
         _complete(port, op_id)
         await host.poll_due(T0 + timedelta(seconds=1))  # ends before the flow got to suspend
         assert flow.resumed == []
@@ -242,8 +244,9 @@ async def test_suspending_after_the_end_settles_at_once(tmp_path: Path) -> None:
 async def test_a_malformed_or_foreign_continuation_is_refused_without_values(tmp_path: Path) -> None:
     host, _port, _ = await fake_host(tmp_path)
     try:
-        reply = await host.admit(ALICE, make_directive("whisper.redaction.prepare"))
-        op_id = str((reply.body or {})["operation/id"])
+        answer = await host.admit(ALICE, make_directive("whisper.redaction.prepare"))
+        assert isinstance(answer, Accepted)
+        op_id = str(answer.handle["operation/id"])
         bad = continuation(op_id, resume_point={"executor_id": "CANARY-cont-1"})
         with pytest.raises(SensoriumError) as refused:
             await host.continuations.suspend(op_id, bad)

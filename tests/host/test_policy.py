@@ -11,7 +11,8 @@ from typing import Any
 import pytest
 
 from connector.core.policy import DeferredHostPolicy
-from connector.service.replies import Reply
+from connector.errors import SensoriumError
+from connector.service.answers import Accepted, Done, public_refusal
 from connector.storage.registry import REGISTRY_RELATIVE_PATH
 from tests.host.fakes import TOKENS, Clock, Jitter, fake_host
 from tests.host.fakes import directive as make_directive
@@ -29,19 +30,19 @@ async def _admit(
     policy: DeferredHostPolicy | None = None,
     jitter: Jitter | None = None,
     **directive_extra: Any,
-) -> tuple[Reply, Any]:
+) -> tuple[Accepted, Any]:
     host, port, _ = await fake_host(tmp_path, policy=policy, jitter=jitter)
     port.next_handle = dict(handle or {})
     timing = directive_extra.pop("timing", {})
     action = directive_extra.pop("action_id", "device.discovery.scan")
     directive = make_directive(action, **timing) | directive_extra
     try:
-        reply = await host.admit(ALICE, directive)
-        op_id = (reply.body or {}).get("operation/id")
-        record = await host.registry.get(op_id) if op_id else None
+        answer = await host.admit(ALICE, directive)
+        assert isinstance(answer, Accepted)
+        record = await host.registry.get(answer.handle["operation/id"])
     finally:
         await host.registry.aclose()
-    return reply, record
+    return answer, record
 
 
 async def test_the_202_is_a_valid_deferred_operation_with_location_and_retry_after(tmp_path: Path) -> None:
@@ -49,12 +50,11 @@ async def test_the_202_is_a_valid_deferred_operation_with_location_and_retry_aft
         "correlation/id": "corr-7",
         "causal/context": {"operation/id": "causal-1", "trace/id": "t-1"},
     }
-    reply, record = await _admit(tmp_path, **lineage)
-    body = dict(reply.body or {})
+    answer, record = await _admit(tmp_path, **lineage)
+    body = dict(answer.handle)
     check("deferred-operation.v1", body)
     op_id = body["operation/id"]
-    assert reply.status_code == 202
-    assert reply.headers == {"Location": f"/v1/host/operations/{op_id}", "Retry-After": "1"}
+    assert (answer.status_path, answer.retry_after_seconds) == (f"/v1/host/operations/{op_id}", 1)
     assert body["status_href"] == f"/v1/host/operations/{op_id}"
     assert body["cancel_href"] == f"/v1/host/operations/{op_id}/cancel"
     assert "cancel/unavailable-reason" not in body
@@ -68,8 +68,8 @@ async def test_the_202_is_a_valid_deferred_operation_with_location_and_retry_aft
 
 
 async def test_a_handle_never_echoes_the_input(tmp_path: Path) -> None:
-    reply, _ = await _admit(tmp_path, input={"text": "CANARY-input-7781"})
-    assert "CANARY-input-7781" not in json.dumps(reply.body)
+    answer, _ = await _admit(tmp_path, input={"text": "CANARY-input-7781"})
+    assert "CANARY-input-7781" not in json.dumps(answer.handle)
 
 
 @pytest.mark.parametrize(
@@ -79,9 +79,8 @@ async def test_a_handle_never_echoes_the_input(tmp_path: Path) -> None:
 async def test_retry_after_is_clamped_then_jittered_up_to_ten_percent(
     tmp_path: Path, hint: int, jitter: float, expected: int
 ) -> None:
-    reply, record = await _admit(tmp_path, {"retry_after_seconds": hint}, jitter=Jitter(jitter))
-    assert (reply.body or {})["retry_after_seconds"] == expected
-    assert reply.headers["Retry-After"] == str(expected)
+    answer, record = await _admit(tmp_path, {"retry_after_seconds": hint}, jitter=Jitter(jitter))
+    assert answer.handle["retry_after_seconds"] == answer.retry_after_seconds == expected
     assert record.retry_after_seconds == expected
 
 
@@ -111,20 +110,20 @@ async def test_expires_at_is_narrowed_by_every_present_hint(
     policy: dict[str, Any],
     ttl: int,
 ) -> None:
-    reply, record = await _admit(
+    answer, record = await _admit(
         tmp_path, handle, policy=DeferredHostPolicy(**policy), timing=timing, action_id=action
     )
-    body = reply.body or {}
+    body = answer.handle
     assert parse_time(body["expires_at"]) == T0 + timedelta(seconds=ttl)
     assert record.expires_at == T0 + timedelta(seconds=ttl)
     assert record.next_poll_at <= record.expires_at
 
 
 async def test_non_cancelable_work_carries_its_reason_instead_of_a_cancel_href(tmp_path: Path) -> None:
-    reply, record = await _admit(
+    answer, record = await _admit(
         tmp_path, {"cancel/unavailable-reason": "irreversible phase"}, action_id="whisper.redaction.prepare"
     )
-    body = dict(reply.body or {})
+    body = dict(answer.handle)
     check("deferred-operation.v1", body)
     assert body["cancel/unavailable-reason"] == "irreversible phase" and "cancel_href" not in body
     assert record.cancelable is False and record.cancel_unavailable_reason == "irreversible phase"
@@ -140,19 +139,16 @@ async def test_sync_answers_and_refusals_pass_through_without_a_row(tmp_path: Pa
             "result": {"json": 1},
             "diagnostics": [],
         }
-        port.sync_reply = Reply(200, result)
-        assert await host.admit(ALICE, make_directive("test.free")) == Reply(200, result)
-        refusal = Reply(
-            409,
-            {"schema": "sensorium-error.v1", "code": "transport-claimed", "message": "m"},
-            {"Retry-After": "1"},
-        )
-        port.sync_reply = refusal
-        assert await host.admit(ALICE, make_directive()) == refusal
-        unauthenticated = await host.admit("wrong", make_directive())
-        assert (
-            unauthenticated.status_code == 401 and (unauthenticated.body or {})["code"] == "unauthenticated"
-        )
+        port.sync_answer = Done(result)
+        assert await host.admit(ALICE, make_directive("test.free")) == Done(result)
+        refusal = SensoriumError("m", code="transport-claimed", retry_after_seconds=1)
+        port.sync_answer = refusal
+        with pytest.raises(SensoriumError) as refused:
+            await host.admit(ALICE, make_directive())
+        assert refused.value is refusal
+        with pytest.raises(SensoriumError) as unauthenticated:
+            await host.admit("wrong", make_directive())
+        assert unauthenticated.value.code == "unauthenticated"
         assert await host.registry.list() == []
     finally:
         await host.registry.aclose()
@@ -172,8 +168,12 @@ async def test_a_repeat_answers_the_first_handle_byte_for_byte(tmp_path: Path) -
             "retry_after_seconds": 30,
         }
         second = await host.admit(ALICE, make_directive(**{"correlation/id": "two"}))
-        assert json.dumps(first.body) == json.dumps(second.body)
-        assert first.headers == second.headers
+        assert isinstance(first, Accepted) and isinstance(second, Accepted)
+        assert json.dumps(first.handle) == json.dumps(second.handle)
+        assert (first.status_path, first.retry_after_seconds) == (
+            second.status_path,
+            second.retry_after_seconds,
+        )
         assert len(await host.registry.list()) == 1
     finally:
         await host.registry.aclose()
@@ -182,8 +182,9 @@ async def test_a_repeat_answers_the_first_handle_byte_for_byte(tmp_path: Path) -
 async def test_the_row_is_committed_before_the_202_is_returned(tmp_path: Path) -> None:
     host, _, _ = await fake_host(tmp_path)
     try:
-        reply = await host.admit(ALICE, make_directive(), bus_op="bus-9")
-        op_id = (reply.body or {})["operation/id"]
+        answer = await host.admit(ALICE, make_directive(), bus_op="bus-9")
+        assert isinstance(answer, Accepted)
+        op_id = answer.handle["operation/id"]
         # A separate connection (another process, after a crash) sees the committed row and its first event.
         with sqlite3.connect(tmp_path / REGISTRY_RELATIVE_PATH) as other:
             row = other.execute(
@@ -201,9 +202,10 @@ async def test_a_row_that_cannot_be_recorded_stops_the_work_and_refuses(tmp_path
     host, port, _ = await fake_host(tmp_path)
     try:
         await host.admit(ALICE, make_directive(), bus_op="taken")
-        refused = await host.admit(ALICE, make_directive(), bus_op="taken")  # a new id with a used bus op
-        assert refused.status_code == 500 and (refused.body or {})["code"] == "internal"
-        check("sensorium-error.v1", refused.body)
+        with pytest.raises(SensoriumError) as refused:
+            await host.admit(ALICE, make_directive(), bus_op="taken")  # a new id with a used bus op
+        assert refused.value.code == "internal"
+        check("sensorium-error.v1", public_refusal(refused.value).to_document())
         assert len(port.stops) == 1 and port.stops[0][2] == "internal"
         assert len(await host.registry.list()) == 1
     finally:
@@ -213,7 +215,7 @@ async def test_a_row_that_cannot_be_recorded_stops_the_work_and_refuses(tmp_path
 async def test_the_clock_passed_in_is_the_one_used(tmp_path: Path) -> None:
     host, _, _ = await fake_host(tmp_path, clock=Clock(T0 + timedelta(days=3)))
     try:
-        reply = await host.admit(ALICE, make_directive())
-        assert (reply.body or {})["created_at"] == "2027-01-04T12:00:00.000Z"
+        answer = await host.admit(ALICE, make_directive())
+        assert isinstance(answer, Accepted) and answer.handle["created_at"] == "2027-01-04T12:00:00.000Z"
     finally:
         await host.registry.aclose()

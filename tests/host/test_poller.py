@@ -15,6 +15,7 @@ from connector.core.policy import DeferredHostPolicy
 from connector.host.documents import record_document
 from connector.host.poller import Poller
 from connector.host.service import HostService
+from connector.service.answers import Accepted
 from tests.host.fakes import TOKENS, Clock, FakePort, Jitter, fake_host
 from tests.host.fakes import directive as make_directive
 from tests.host.records import T0
@@ -36,9 +37,9 @@ async def _admit(
     host: HostService, port: FakePort, action: str = "device.discovery.scan", **handle: object
 ) -> str:
     port.next_handle = dict(handle)
-    reply = await host.admit(TOKENS["alice"], make_directive(action))
-    assert reply.status_code == 202
-    return str((reply.body or {})["operation/id"])
+    answer = await host.admit(TOKENS["alice"], make_directive(action))
+    assert isinstance(answer, Accepted)
+    return str(answer.handle["operation/id"])
 
 
 async def test_only_due_operations_are_polled(setup: tuple[HostService, FakePort, Clock]) -> None:

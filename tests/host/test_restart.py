@@ -9,8 +9,8 @@ from typing import Any
 import anyio
 import pytest
 
+from connector.assembly import ConnectorConfig, provider_factory
 from connector.host.continuations import Resumption
-from connector.service.assembly import ConnectorConfig, provider_factory
 from providers.base import Provider
 from tests.host.support import (
     add_principals,

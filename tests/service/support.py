@@ -16,12 +16,12 @@ from typing import Any
 import anyio
 import httpx
 
+from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.catalog.keys import generate_key_pair, load_private_key
 from connector.catalog.signing import sign_catalog
 from connector.contract.validate import validate
 from connector.core.authority import make_grant
 from connector.core.observations import BleObservation, Observation
-from connector.service.assembly import Assembled, ConnectorConfig, assemble
 from connector.storage.principals import add_principal
 from connector.storage.state import STATE_RELATIVE_PATH
 from providers.faults import Fault, FaultProvider

@@ -1,4 +1,7 @@
-"""The composition root: one connector process (state, runners, service, HTTP app) from a configuration."""
+"""The composition root: one connector process (state, runners, service, host, HTTP app, Bus) from a config.
+
+The outermost module: it alone knows every room, and hands each part the small ports it needs.
+"""
 
 from __future__ import annotations
 
@@ -13,7 +16,7 @@ import anyio
 from fastapi import APIRouter, FastAPI
 from prometheus_client import CollectorRegistry, Gauge
 
-from connector.api.app import Readiness, create_app
+from connector.api.app import create_app
 from connector.bus.adapter import BusAdapter, BusSettings
 from connector.catalog.loader import load_verified_catalog
 from connector.catalog.signing import VerifiedCatalog
@@ -59,6 +62,26 @@ class ConnectorConfig:
     nats_service: str = "sensorium-os"
     # Transports whose providers are simulated backends driven by `/v1/sim/...` (SPEC 13.1); never default.
     simulate: tuple[Transport, ...] = ()
+
+
+@dataclass(slots=True)
+class Readiness:
+    """What `/healthz` waits for (SPEC 9)."""
+
+    catalog_verified: bool = False
+    interrupted_marked: bool = False
+    bus_required: bool = False
+    bus_subscribed: bool = False
+
+    @property
+    def ready(self) -> bool:
+        """True once every start-up duty is done."""
+        bus_ok = self.bus_subscribed or not self.bus_required
+        return self.catalog_verified and self.interrupted_marked and bus_ok
+
+    def mark_bus_subscribed(self) -> None:
+        """The Bus face subscribed to its subjects."""
+        self.bus_subscribed = True
 
 
 @dataclass(slots=True)
@@ -207,7 +230,7 @@ async def assemble(
             await stack.enter_async_context(_open_bus(config, assembled, clock))
         assembled.app = create_app(
             service,
-            readiness=readiness,
+            ready=lambda: readiness.ready,
             metrics=metrics,
             routers=[*routers(assembled), *_simulation_routers(assembled)],
             max_body_bytes=config.max_body_bytes,
@@ -261,6 +284,6 @@ def _open_bus(config: ConnectorConfig, assembled: Assembled, clock: Callable[[],
         service=assembled.service,
         registry=assembled.registry,
         data_dir=config.data_dir,
-        readiness=assembled.readiness,
+        on_subscribed=assembled.readiness.mark_bus_subscribed,
         clock=clock,
     )

@@ -11,9 +11,7 @@ from starlette.responses import Response
 
 from connector.api.errors import bearer_token, parse_json_body, to_response
 from connector.api.openapi import ADMISSION_REFUSALS, Ok, Route, declare
-from connector.errors import SensoriumError
 from connector.host.service import HostService
-from connector.service.replies import error_reply
 
 _AUTH = ("unauthenticated", "internal")
 _STATUS_BODIES = ("deferred-operation-status.v1", "deferred-operation-status.v2")
@@ -55,11 +53,8 @@ def host_router(host: HostService) -> APIRouter:
     async def admit(request: Request) -> Response:
         """Host admission: 202 `deferred-operation.v1` (Location, Retry-After) or the sync result."""
         token = bearer_token(request)
-        try:
-            host.port.authenticate(token)  # SPEC 2 step 1 before the body is even parsed
-            body = parse_json_body(await request.body(), directive=True)
-        except SensoriumError as error:
-            return to_response(error_reply(error))
+        host.port.authenticate(token)  # SPEC 2 step 1 before the body is even parsed
+        body = parse_json_body(await request.body(), directive=True)
         return to_response(await host.admit(token, body))
 
     @router.get("/v1/host/operations/{operation_id}", **declare(STATUS))
