@@ -17,11 +17,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from types import MappingProxyType
-from typing import Any, Final, Literal
+from typing import Any, Final
 
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import Status, is_terminal
 from connector.core.projections import ERROR_MESSAGES
+from connector.runtime.kinds import Kind
 from connector.storage.registry import HistoryEvent, OperationRecord
 from connector.storage.state import format_time
 
@@ -37,9 +38,6 @@ _MESSAGES: Final[Mapping[str, str]] = {
     "internal": "the host could not complete the operation",
 }
 _STATUS_CODE = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
-
-Kind = Literal["discovery", "command"]
-
 
 @dataclass(frozen=True, slots=True)
 class KindRules:

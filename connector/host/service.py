@@ -34,10 +34,11 @@ from connector.core.policy import DeferredHostPolicy
 from connector.errors import SensoriumError, unknown_operation
 from connector.host import documents
 from connector.host.continuations import ContinuationStore
-from connector.host.documents import DEADLINE_EXCEEDED, RESPONSE_TOO_LARGE, Kind, kind_of, rules_of
+from connector.host.documents import DEADLINE_EXCEEDED, RESPONSE_TOO_LARGE, kind_of, rules_of
 from connector.host.metrics import HostMetrics
-from connector.host.port import ActionInfo, ConnectorPort, InProcessConnector, Observed
+from connector.host.port import ActionInfo, ConnectorPort, InProcessConnector
 from connector.host.receipts import record_receipt
+from connector.runtime.kinds import Kind, Observed
 from connector.service.answers import Accepted, Done
 from connector.service.connector import ConnectorService
 from connector.storage.registry import DEFAULT_RETENTION, DeferredRegistry, OperationRecord

@@ -8,16 +8,18 @@ host's `unknown`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Awaitable, Mapping
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol
+from typing import Any, Protocol
 
+from connector.contract.catalog_models import ActionClass
 from connector.core.lifecycle import Status, is_terminal
 from connector.core.projections import command_metadata
+from connector.errors import SensoriumError
 from connector.runtime.commands import CommandRunner
 from connector.runtime.manager import DiscoveryManager, UnknownOperation
 
-Kind = Literal["discovery", "command"]
+Kind = ActionClass  # an operation's kind is the class of its catalog action
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,23 +116,17 @@ class CommandRuntime:
 
     async def status(self, operation_id: str) -> dict[str, Any] | None:
         """The current deferred status."""
-        if not await self._known(operation_id):
-            return None
-        return await self.runner.status(operation_id)
+        return await _unless_unknown(self.runner.status(operation_id))
 
     async def wait(
         self, operation_id: str, after_revision: int | None, wait_s: float
     ) -> dict[str, Any] | None:
         """The status once terminal or after `wait_s` (a command has no revisions)."""
-        if not await self._known(operation_id):
-            return None
-        return await self.runner.wait_status(operation_id, wait_s)
+        return await _unless_unknown(self.runner.wait_status(operation_id, wait_s))
 
     async def cancel(self, operation_id: str) -> dict[str, Any] | None:
         """Waits for the confirmed end; a terminal operation answers its unchanged status."""
-        if not await self._known(operation_id):
-            return None
-        return await self.runner.cancel(operation_id)
+        return await _unless_unknown(self.runner.cancel(operation_id))
 
     async def stop(self, operation_id: str, error_code: str) -> None:
         """Cancel cancelable work that has not ended (the runner records its own ending)."""
@@ -151,8 +147,15 @@ class CommandRuntime:
             document,
         )
 
-    async def _known(self, operation_id: str) -> bool:
-        return await self.runner.operation(operation_id) is not None
+
+async def _unless_unknown(answer: Awaitable[dict[str, Any]]) -> dict[str, Any] | None:
+    """The runner's answer, or None for an operation it has not stored (other refusals propagate)."""
+    try:
+        return await answer
+    except SensoriumError as error:
+        if error.code == "unknown-operation":
+            return None
+        raise
 
 
 def operation_runtimes(

@@ -33,7 +33,8 @@ from connector.core.projections import status_from_durable
 from connector.core.scope import DiscoveryScope, parse_discovery_input
 from connector.errors import AdmissionError, SensoriumError, unknown_operation
 from connector.runtime.commands import CommandAction, CommandRunner, check_command_input
-from connector.runtime.manager import DiscoveryManager, UnknownOperation
+from connector.runtime.kinds import Kind, operation_runtimes
+from connector.runtime.manager import DiscoveryManager
 from connector.service.answers import Accepted, Created, Done, Gone
 from connector.storage.principals import PrincipalDirectory
 from connector.storage.state import Binding, CommandOperation, ConnectorState, DiscoveryRecord
@@ -100,7 +101,7 @@ class OperationRef:
     """Where an operation lives and whose it is."""
 
     operation_id: str
-    kind: str  # "discovery" | "command"
+    kind: Kind
     owner: str
     action_id: str
     transport: str | None
@@ -127,6 +128,7 @@ class ConnectorService:
         self.principals = principals
         self.discovery = discovery
         self.commands = commands
+        self.runtimes = operation_runtimes(discovery, commands)
         self.state = state
         self._providers = providers
         self.policy = policy or DeferredHostPolicy()
@@ -451,27 +453,19 @@ class ConnectorService:
         wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
         if not wait:
             return Done(await self._current_status(ref))
-        if ref.kind == "command":
-            document = await self.commands.wait_status(op_id, wait)
-        elif ref.record is not None:
-            document = await self._discovery_status(ref)  # ended: nothing will change any more
-        else:
-            document = await self._wait_for_change(ref, after_revision, wait)
+        waited = None
+        if ref.record is None:  # an ended scan (its record) will not change any more
+            waited = await self.runtimes[ref.kind].wait(op_id, after_revision, wait)
+        document = waited if waited is not None else await self._current_status(ref)
         # Authority is checked again after the wait: a revocation meanwhile answers as for anyone else.
         await self.locate(self.authenticate(token), op_id)
         return Done(document)
 
     async def _current_status(self, ref: OperationRef) -> dict[str, Any]:
-        if ref.kind == "command":
-            return await self.commands.status(ref.operation_id)
-        return await self._discovery_status(ref)
-
-    async def _discovery_status(self, ref: OperationRef) -> dict[str, Any]:
-        """From the session while the runtime holds it, else from the durable record (SPEC 7 only)."""
-        try:
-            return self.discovery.status(ref.operation_id)
-        except UnknownOperation:
-            pass
+        """From the runtime while it holds the operation, else from a scan's durable record (SPEC 7 only)."""
+        document = await self.runtimes[ref.kind].status(ref.operation_id)
+        if document is not None:
+            return document
         record = ref.record if ref.record is not None else await self.state.get_discovery(ref.operation_id)
         if record is None:
             raise unknown_operation()
@@ -479,22 +473,11 @@ class ConnectorService:
             record.metadata, final_revision=record.final_revision, causal_context=record.causal_context
         )
 
-    async def _wait_for_change(
-        self, ref: OperationRef, after_revision: int | None, wait: float
-    ) -> dict[str, Any]:
-        try:
-            return await self.discovery.wait_for_change(ref.operation_id, after_revision, wait)
-        except UnknownOperation:  # the session left memory meanwhile: its record answers
-            return await self._discovery_status(ref)
-
     async def cancel(self, token: str | None, op_id: str) -> Done:
         """POST /v1/operations/{id}/cancel: the status after the request."""
         ref = await self.locate(self.authenticate(token), op_id)
-        if ref.kind == "command":
-            return Done(await self.commands.cancel(op_id))
-        if self.discovery.find(op_id) is not None:
-            return Done(self.discovery.cancel(op_id))
-        return Done(await self._discovery_status(ref))  # ended: the unchanged status
+        document = await self.runtimes[ref.kind].cancel(op_id)
+        return Done(document if document is not None else await self._current_status(ref))  # ended: unchanged
 
     async def select(self, token: str | None, op_id: str, body: Any) -> Done:
         """POST /v1/operations/{id}/selection: remember a candidate of a running snapshot (memory only)."""
@@ -519,7 +502,7 @@ class ConnectorService:
         if ref.kind != "discovery":
             raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
         if self.discovery.find(op_id) is None:
-            _check_bindable(Status((await self._discovery_status(ref))["status"]), True)
+            _check_bindable(Status((await self._current_status(ref))["status"]), True)
             raise SensoriumError("unknown candidate", code="unknown-candidate")  # the result was erased
         return await self._bind(principal, op_id, candidate_ref, key)
 
