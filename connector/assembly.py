@@ -171,22 +171,7 @@ async def assemble(
     telemetry = Telemetry(metrics)
     async with AsyncExitStack() as stack:
         state = await stack.enter_async_context(await ConnectorState.open(config.data_dir))
-        commands = await stack.enter_async_context(
-            CommandRunner(state, listener=lambda event, op: telemetry.emit(command_event(event, op)))
-        )
-        interrupted = await commands.recover(clock())
-        if interrupted:
-            _log.info("marked %d interrupted command operations", len(interrupted))
-        marked = await state.interrupt_discoveries(to_ms(clock()), format_ms(to_ms(clock())))
-        if marked:
-            _log.info("marked %d discovery operations ended by the restart", marked)
-        discovery = await stack.enter_async_context(
-            DiscoveryManager(
-                journal=state,
-                metadata_retention_seconds=config.host_retention_seconds,
-                listener=lambda event, session: telemetry.emit(session_event(event, session)),
-            )
-        )
+        commands, discovery = await _open_runtime(stack, config, state, telemetry, clock)
         service = ConnectorService(
             catalog=catalog,
             principals=PrincipalDirectory(config.data_dir),
@@ -237,6 +222,34 @@ async def assemble(
             telemetry=telemetry,
         )
         yield assembled
+
+
+async def _open_runtime(
+    stack: AsyncExitStack,
+    config: ConnectorConfig,
+    state: ConnectorState,
+    telemetry: Telemetry,
+    clock: Callable[[], datetime],
+) -> tuple[CommandRunner, DiscoveryManager]:
+    """The command runner and the discovery runtime, on the one clock, once what a restart ended is marked."""
+    commands = await stack.enter_async_context(
+        CommandRunner(state, clock=clock, listener=lambda event, op: telemetry.emit(command_event(event, op)))
+    )
+    interrupted = await commands.recover(clock())
+    if interrupted:
+        _log.info("marked %d interrupted command operations", len(interrupted))
+    marked = await state.interrupt_discoveries(to_ms(clock()), format_ms(to_ms(clock())))
+    if marked:
+        _log.info("marked %d discovery operations ended by the restart", marked)
+    discovery = await stack.enter_async_context(
+        DiscoveryManager(
+            clock=lambda: to_ms(clock()),  # the one clock, in the runtime's milliseconds
+            journal=state,
+            metadata_retention_seconds=config.host_retention_seconds,
+            listener=lambda event, session: telemetry.emit(session_event(event, session)),
+        )
+    )
+    return commands, discovery
 
 
 def _simulation_routers(assembled: Assembled) -> list[APIRouter]:

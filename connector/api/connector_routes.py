@@ -11,7 +11,6 @@ from starlette.responses import Response
 from connector.api.errors import bearer_token, parse_json_body, to_response
 from connector.api.openapi import ADMISSION_REFUSALS, Ok, Route, declare
 from connector.service.answers import Answer, Done
-from connector.service.bindings import list_bindings
 from connector.service.connector import ConnectorService
 
 _AUTH = ("unauthenticated", "internal")
@@ -121,7 +120,7 @@ def connector_router(service: ConnectorService) -> APIRouter:
     @router.get("/v1/bindings", **declare(BINDINGS))
     async def bindings(request: Request) -> Response:
         """The caller's bindings (with addresses), or every binding for an operator (without)."""
-        return to_response(await list_bindings(service, bearer_token(request)))
+        return to_response(await service.list_bindings(bearer_token(request)))
 
     @router.delete("/v1/bindings/{binding_id}", status_code=204, **declare(FORGET))
     async def forget(request: Request, binding_id: str) -> Response:

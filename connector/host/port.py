@@ -95,12 +95,19 @@ class InProcessConnector:
     ) -> dict[str, Any] | None:
         """What the owning caller reads (every candidate in it counts as disclosed)."""
         wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), 30.0))
-        return await self.runtimes[kind].wait(operation_id, after_revision, wait or 0.0)
+        document = await self.runtimes[kind].wait(operation_id, after_revision, wait or 0.0)
+        return None if document is None else self._delivered(operation_id, document)
 
     async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
         """Discovery: the cancel is recorded and the stop begins; commands: waits for the confirmed end."""
-        return await self.runtimes[kind].cancel(operation_id)
+        document = await self.runtimes[kind].cancel(operation_id)
+        return None if document is None else self._delivered(operation_id, document)
 
     async def stop(self, operation_id: str, kind: Kind, error_code: str) -> None:
         """Discovery: terminate the session (cleanup per SPEC 6.7); commands: cancel cancelable work."""
         await self.runtimes[kind].stop(operation_id, error_code)
+
+    def _delivered(self, operation_id: str, document: dict[str, Any]) -> dict[str, Any]:
+        """The caller-private status leaves for the host's caller: its candidates count as disclosed."""
+        self.service.discovery.mark_disclosed(operation_id, document)
+        return document

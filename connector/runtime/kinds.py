@@ -40,7 +40,7 @@ class OperationRuntime(Protocol):
         """The operation kind this runtime runs."""
 
     async def status(self, operation_id: str) -> dict[str, Any] | None:
-        """The caller-private status (a scan's candidates in it count as disclosed)."""
+        """The caller-private status (a read: the edge that delivers it counts what is disclosed)."""
 
     async def wait(
         self, operation_id: str, after_revision: int | None, wait_s: float

@@ -406,11 +406,18 @@ class DiscoveryManager:
         return self._live.get(owner, 0)
 
     def status(self, operation_id: str) -> dict[str, Any]:
-        """The caller-private v2 status; every candidate it carries counts as disclosed."""
-        session = self._get(operation_id)
-        document = caller_status_v2(session.view())
-        session.disclosed.update(_candidate_refs(document))
-        return document
+        """The caller-private v2 status (a read: `mark_disclosed` counts what reaches a caller)."""
+        return caller_status_v2(self._get(operation_id).view())
+
+    def mark_disclosed(self, operation_id: str, document: Mapping[str, Any]) -> None:
+        """A status was delivered to its caller: every candidate it carries counts as disclosed.
+
+        Nothing to count when the runtime does not hold the operation (a command, or a scan answered from
+        its durable record, which carries no candidates).
+        """
+        session = self._sessions.get(operation_id)
+        if session is not None:
+            session.disclosed.update(_candidate_refs(document))
 
     def metadata(self, operation_id: str) -> dict[str, Any]:
         """The durable projection (SPEC 7): no candidates, refs, labels or identity selectors."""

@@ -26,8 +26,8 @@ from connector.core.admission import (
     find_action,
     require_status_v2,
 )
-from connector.core.ids import OPERATION_KIND, opaque_id, operation_id, random_operation_id
-from connector.core.lifecycle import Status, is_terminal
+from connector.core.ids import OPERATION_KIND, operation_id, random_operation_id
+from connector.core.lifecycle import Status
 from connector.core.policy import DeferredHostPolicy, discovery_window_end
 from connector.core.projections import status_from_durable
 from connector.core.scope import DiscoveryScope, parse_discovery_input
@@ -36,12 +36,12 @@ from connector.runtime.commands import CommandAction, CommandRunner, check_comma
 from connector.runtime.kinds import Kind, operation_runtimes
 from connector.runtime.manager import DiscoveryManager
 from connector.service.answers import Accepted, Created, Done, Gone
+from connector.service.bindings import Bindings, bind_request, refuse_erased
 from connector.storage.principals import PrincipalDirectory
-from connector.storage.state import Binding, CommandOperation, ConnectorState, DiscoveryRecord
+from connector.storage.state import CommandOperation, ConnectorState, DiscoveryRecord
 from providers.base import Provider
 
 ProviderFactory = Callable[[str, str | None], Provider]
-BIND_RETRY_AFTER_SECONDS = 1
 MAX_WAIT_SECONDS = 30
 PRINCIPALS_WATCH_INTERVAL_SECONDS = 1.0
 METADATA_SWEEP_SECONDS = 600.0
@@ -78,25 +78,6 @@ class _Admitted:
 
 
 @dataclass(frozen=True, slots=True)
-class _Bound:
-    """The first answer to one bind idempotency key (memory only; dropped when the binding is forgotten)."""
-
-    candidate_ref: str
-    binding_id: str
-    answer: Created
-
-
-@dataclass(slots=True)
-class _Bindings:
-    """Per-operation consumption and idempotent bind answers (memory only)."""
-
-    consumed: set[str] = field(default_factory=set)
-    by_key: dict[str, _Bound] = field(default_factory=dict)
-    # Keys whose first bind is being stored right now: a concurrent retry waits for its answer.
-    pending: dict[str, anyio.Event] = field(default_factory=dict)
-
-
-@dataclass(frozen=True, slots=True)
 class OperationRef:
     """Where an operation lives and whose it is."""
 
@@ -109,7 +90,7 @@ class OperationRef:
 
 
 class ConnectorService:
-    """Admits directives and serves operations, selections and bindings for authenticated principals."""
+    """Admits directives and serves operations; selections and bindings are delegated to `Bindings`."""
 
     def __init__(
         self,
@@ -142,9 +123,7 @@ class ConnectorService:
         self._live_owner: dict[str, str] = {}
         self._live_count: Counter[str] = Counter()
         self._admitted: dict[str, _Admitted] = {}
-        self._selections: dict[str, set[str]] = {}
-        self._bindings: dict[str, _Bindings] = {}
-        self._bound_keys: dict[str, tuple[str, str]] = {}
+        self.bindings = Bindings(state=state, discovery=discovery, clock=clock, entropy=entropy)
         self._undo_revoked = principals.on_revoked(self._on_revoked)
         discovery.add_ended_listener(lambda op_id, _owner: self._end_live(op_id))
         discovery.add_forget_listener(self._forget_books)
@@ -174,8 +153,7 @@ class ConnectorService:
             for op_id in self.discovery.operation_ids():
                 handle = self.discovery.handle(op_id)
                 if handle.owner == principal_id and handle.action_id == action_id:
-                    self._selections.pop(op_id, None)
-                    self._drop_binding_book(op_id)
+                    self.bindings.drop(op_id)
 
     async def sweep_metadata(
         self, retention_seconds: int, interval_s: float = METADATA_SWEEP_SECONDS
@@ -297,8 +275,7 @@ class ConnectorService:
     def _forget_books(self, op_id: str) -> None:
         """The runtime let a session go: its in-memory books go with it."""
         self._admitted.pop(op_id, None)
-        self._selections.pop(op_id, None)
-        self._drop_binding_book(op_id)
+        self.bindings.drop(op_id)
 
     async def _start_scan(
         self,
@@ -452,13 +429,19 @@ class ConnectorService:
         ref = await self.locate(self.authenticate(token), op_id)
         wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
         if not wait:
-            return Done(await self._current_status(ref))
+            return self._deliver(op_id, await self._current_status(ref))
         waited = None
         if ref.record is None:  # an ended scan (its record) will not change any more
             waited = await self.runtimes[ref.kind].wait(op_id, after_revision, wait)
         document = waited if waited is not None else await self._current_status(ref)
+        delivered = self._deliver(op_id, document)
         # Authority is checked again after the wait: a revocation meanwhile answers as for anyone else.
         await self.locate(self.authenticate(token), op_id)
+        return delivered
+
+    def _deliver(self, op_id: str, document: dict[str, Any]) -> Done:
+        """A status leaves for its caller: the candidates in it count as disclosed from now on."""
+        self.discovery.mark_disclosed(op_id, document)
         return Done(document)
 
     async def _current_status(self, ref: OperationRef) -> dict[str, Any]:
@@ -477,110 +460,36 @@ class ConnectorService:
         """POST /v1/operations/{id}/cancel: the status after the request."""
         ref = await self.locate(self.authenticate(token), op_id)
         document = await self.runtimes[ref.kind].cancel(op_id)
-        return Done(document if document is not None else await self._current_status(ref))  # ended: unchanged
+        if document is None:  # ended: the unchanged status
+            document = await self._current_status(ref)
+        return self._deliver(op_id, document)
 
     async def select(self, token: str | None, op_id: str, body: Any) -> Done:
         """POST /v1/operations/{id}/selection: remember a candidate of a running snapshot (memory only)."""
         principal = self.authenticate(token)
         ref = await self.locate(principal, op_id)
         authority.require_grant(principal, ref.action_id, ref.transport)
-        candidate_ref = _body_string(body, "candidate/ref", allowed={"candidate/ref"})
-        handle = self.discovery.find(op_id) if ref.kind == "discovery" else None
-        if handle is None or handle.candidate_document(candidate_ref) is None:
-            raise SensoriumError("unknown candidate", code="unknown-candidate")
-        self._selections.setdefault(op_id, set()).add(candidate_ref)
-        return Done({"operation/id": op_id, "candidate/ref": candidate_ref, "selected": True})
+        return self.bindings.select(op_id, body)
 
     async def bind(self, token: str | None, op_id: str, body: Any) -> Created:
         """POST /v1/operations/{id}/bindings: consume a candidate exactly once and reveal its address."""
         principal = self.authenticate(token)
         ref = await self.locate(principal, op_id)
         authority.require_grant(principal, ref.action_id, ref.transport)
-        allowed = {"candidate/ref", "idempotency_key"}
-        candidate_ref = _body_string(body, "candidate/ref", allowed=allowed)
-        key = _body_string(body, "idempotency_key", allowed=allowed)
+        candidate_ref, key = bind_request(body)
         if ref.kind != "discovery":
             raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
         if self.discovery.find(op_id) is None:
-            _check_bindable(Status((await self._current_status(ref))["status"]), True)
-            raise SensoriumError("unknown candidate", code="unknown-candidate")  # the result was erased
-        return await self._bind(principal, op_id, candidate_ref, key)
-
-    async def _bind(
-        self, principal: authority.Principal, op_id: str, candidate_ref: str, key: str
-    ) -> Created:
-        book = self._bindings.setdefault(op_id, _Bindings())
-        while (pending := book.pending.get(key)) is not None:
-            await pending.wait()
-        earlier = book.by_key.get(key)
-        if earlier is not None:
-            return await self._replay_binding(earlier, candidate_ref)
-        now = self._clock()
-        document, target = self._bindable(op_id, candidate_ref, book, now)
-        book.consumed.add(candidate_ref)  # before any await: concurrent binds see it at once
-        stored = anyio.Event()
-        book.pending[key] = stored
-        binding = Binding(opaque_id(self._entropy(16)), principal.principal_id, target[0], target[1], now)
-        try:
-            await self.state.insert_binding(binding)
-            answer = Created(_binding_document(binding, op_id, candidate_ref, document))
-            book.by_key[key] = _Bound(candidate_ref, binding.binding_id, answer)
-            self._bound_keys[binding.binding_id] = (op_id, key)
-        except BaseException:
-            book.consumed.discard(candidate_ref)
-            raise
-        finally:
-            del book.pending[key]
-            stored.set()
-        return answer
-
-    def _bindable(
-        self, op_id: str, candidate_ref: str, book: _Bindings, now: datetime
-    ) -> tuple[dict[str, Any], tuple[str, str]]:
-        """The candidate's document and (transport, address), once every SPEC 6.8 check passed."""
-        handle = self.discovery.handle(op_id)
-        _check_bindable(handle.status, handle.termination_confirmed)
-        document = handle.candidate_document(candidate_ref)
-        target = handle.binding_target(candidate_ref)
-        if document is None or target is None:
-            raise SensoriumError("unknown candidate", code="unknown-candidate")
-        expires_ms = handle.candidate_expires_at_ms(candidate_ref)
-        if expires_ms is not None and expires_ms <= to_ms(now):
-            raise SensoriumError("the candidate expired", code="candidate-expired")
-        if candidate_ref in book.consumed:
-            raise SensoriumError("the candidate was already bound", code="candidate-consumed")
-        return document, target
-
-    async def _replay_binding(self, earlier: _Bound, candidate_ref: str) -> Created:
-        """The first answer again, unless the key was used for another candidate or the binding is gone."""
-        if earlier.candidate_ref != candidate_ref:
-            raise SensoriumError("idempotency key reused for another candidate", code="idempotency-conflict")
-        if await self.state.get_binding(earlier.binding_id) is None:
-            raise SensoriumError("the candidate was already bound", code="candidate-consumed")
-        return earlier.answer
+            refuse_erased(Status((await self._current_status(ref))["status"]))
+        return await self.bindings.bind(principal, op_id, candidate_ref, key)
 
     async def forget(self, token: str | None, binding_id: str) -> Gone:
         """DELETE /v1/bindings/{id}: erase a binding (the owner's own, or any for an operator)."""
-        principal = self.authenticate(token)
-        binding = await self.state.get_binding(binding_id)
-        if binding is None or not authority.may_forget_binding(principal, binding.owner):
-            raise SensoriumError("unknown binding", code="unknown-binding")
-        if not await self.state.delete_binding(binding_id):
-            raise SensoriumError("unknown binding", code="unknown-binding")  # a concurrent forget won
-        self._drop_bound_answer(binding_id)
-        return Gone()
+        return await self.bindings.forget(self.authenticate(token), binding_id)
 
-    def _drop_bound_answer(self, binding_id: str) -> None:
-        """Forget the in-memory answer that holds an erased binding's address."""
-        located = self._bound_keys.pop(binding_id, None)
-        book = None if located is None else self._bindings.get(located[0])
-        if located is not None and book is not None:
-            book.by_key.pop(located[1], None)
-
-    def _drop_binding_book(self, op_id: str) -> None:
-        book = self._bindings.pop(op_id, None)
-        for bound in () if book is None else book.by_key.values():
-            self._bound_keys.pop(bound.binding_id, None)
+    async def list_bindings(self, token: str | None) -> Done:
+        """GET /v1/bindings: the caller's own bindings with addresses, or every one for an operator."""
+        return await self.bindings.listing(self.authenticate(token))
 
     def catalog_summary(self) -> dict[str, Any]:
         """GET /v1/catalog."""
@@ -631,36 +540,6 @@ def _check_directive(directive: Any) -> None:
         )
 
 
-def _check_bindable(status: Status, termination_confirmed: bool) -> None:
-    """Binding needs a completed session whose provider stop was acknowledged."""
-    if is_terminal(status) and status is not Status.COMPLETED:
-        raise SensoriumError("this session is not bindable", code="not-bindable")
-    if not termination_confirmed:
-        raise SensoriumError(
-            "the session has not terminated yet",
-            code="session-not-terminated",
-            retry_after_seconds=BIND_RETRY_AFTER_SECONDS,
-        )
-
-
-def _body_string(body: Any, name: str, *, allowed: set[str]) -> str:
-    """A required string field of a small closed request body."""
-    if not isinstance(body, dict) or set(body) - allowed:
-        raise AdmissionError(
-            "the request body has unknown fields",
-            code="invalid-input",
-            diagnostics=[{"code": "invalid-input", "message": "/: closed-object"}],
-        )
-    value = body.get(name)
-    if not isinstance(value, str) or not 1 <= len(value) <= 128:
-        raise AdmissionError(
-            "a required field is missing or malformed",
-            code="invalid-input",
-            diagnostics=[{"code": "invalid-input", "message": f"/{name}: required-string"}],
-        )
-    return value
-
-
 def _retry_after(action: CatalogAction) -> int:
     profile = action.deferred_profile
     return profile.retry_after_seconds if profile and profile.retry_after_seconds is not None else 1
@@ -694,22 +573,3 @@ def _command_answer(answer: Mapping[str, Any]) -> Accepted | Done:
     if answer.get("schema") == "sensorium-connector-deferred.v1":
         return _accepted(answer)
     return Done(answer)
-
-
-def _binding_document(
-    binding: Binding, op_id: str, candidate_ref: str, candidate: Mapping[str, Any]
-) -> dict[str, Any]:
-    """The `sensorium-device-binding.v1`: the only document that reveals the address."""
-    document: dict[str, Any] = {
-        "schema": "sensorium-device-binding.v1",
-        "binding/id": binding.binding_id,
-        "operation/id": op_id,
-        "candidate/ref": candidate_ref,
-        "transport": binding.transport,
-        "bound_at": binding.bound_at.strftime("%Y-%m-%dT%H:%M:%SZ"),
-        "address": binding.address,
-    }
-    for key in ("label", "ble", "usb", "mdns"):
-        if key in candidate:
-            document[key] = candidate[key]
-    return document

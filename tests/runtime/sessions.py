@@ -65,16 +65,23 @@ async def start(
 async def poll_to_end(
     manager: DiscoveryManager, operation_id: str, *, every_s: float = 0.02, limit_s: float = 5.0
 ) -> list[dict[str, Any]]:
-    """Poll until terminal (and once more after), returning every status seen."""
+    """Poll until terminal (and once more after) as a caller would, returning every status delivered."""
     polls: list[dict[str, Any]] = []
     with anyio.fail_after(limit_s):
         while True:
-            polls.append(manager.status(operation_id))
+            polls.append(delivered_status(manager, operation_id))
             if polls[-1]["status"] not in ("pending", "running"):
                 break
             await anyio.sleep(every_s)
-    polls.append(manager.status(operation_id))
+    polls.append(delivered_status(manager, operation_id))
     return polls
+
+
+def delivered_status(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
+    """The status as the service hands it to a caller: read, then its candidates counted as disclosed."""
+    document = manager.status(operation_id)
+    manager.mark_disclosed(operation_id, document)
+    return document
 
 
 def assert_valid_polls(polls: Sequence[Mapping[str, Any]]) -> None:

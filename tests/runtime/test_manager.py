@@ -15,7 +15,15 @@ from connector.core.snapshot import CandidateTable, Revision
 from connector.runtime.manager import UnknownOperation
 from providers.faults import Fault, FaultProvider, StopStep
 from providers.replay import ReplayProvider
-from runtime.sessions import assert_valid_polls, dumps, fast_manager, poll_to_end, start, with_profile
+from runtime.sessions import (
+    assert_valid_polls,
+    delivered_status,
+    dumps,
+    fast_manager,
+    poll_to_end,
+    start,
+    with_profile,
+)
 from runtime.support import ble_scope, other_tasks, stranger, strap
 
 STRAPS = [(i * 20, strap(i)) for i in range(5)]
@@ -106,7 +114,9 @@ async def test_disclosed_count_counts_only_candidates_actually_returned() -> Non
         await handle_finished(manager, handle.operation_id)
         assert manager.metadata(handle.operation_id)["disclosed_count"] == 0
         manager.status(handle.operation_id)
-        manager.status(handle.operation_id)
+        assert manager.metadata(handle.operation_id)["disclosed_count"] == 0, "a read never counts"
+        delivered_status(manager, handle.operation_id)
+        delivered_status(manager, handle.operation_id)
         metadata = manager.metadata(handle.operation_id)
         assert metadata["disclosed_count"] == 5
         assert "progress" not in metadata and "result" not in dumps(metadata).replace('"result_', "")
