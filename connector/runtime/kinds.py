@@ -39,6 +39,10 @@ class OperationRuntime(Protocol):
     def kind(self) -> Kind:
         """The operation kind this runtime runs."""
 
+    @property
+    def bindable(self) -> bool:
+        """Whether its operations have candidates a caller may select and bind."""
+
     async def status(self, operation_id: str) -> dict[str, Any] | None:
         """The caller-private status (a read: the edge that delivers it counts what is disclosed)."""
 
@@ -61,6 +65,7 @@ class DiscoveryRuntime:
     """`OperationRuntime` over the discovery manager (scans it still holds in memory)."""
 
     kind: Kind = "discovery"
+    bindable = True
 
     def __init__(self, manager: DiscoveryManager) -> None:
         self.manager = manager
@@ -110,6 +115,7 @@ class CommandRuntime:
     """`OperationRuntime` over the command runner (operations it has stored)."""
 
     kind: Kind = "command"
+    bindable = False
 
     def __init__(self, runner: CommandRunner) -> None:
         self.runner = runner

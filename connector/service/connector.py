@@ -477,7 +477,7 @@ class ConnectorService:
         ref = await self.locate(principal, op_id)
         authority.require_grant(principal, ref.action_id, ref.transport)
         candidate_ref, key = bind_request(body)
-        if ref.kind != "discovery":
+        if not self.runtimes[ref.kind].bindable:
             raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
         if self.discovery.find(op_id) is None:
             refuse_erased(Status((await self._current_status(ref))["status"]))

@@ -40,9 +40,9 @@ async def _ended(runtime: OperationRuntime, op_id: str) -> str:
 async def test_each_kind_is_registered_under_its_own_name(tmp_path: Path) -> None:
     async with fast_manager() as manager, running(tmp_path) as (_, runner):
         runtimes = operation_runtimes(manager, runner)
-        assert {kind: runtime.kind for kind, runtime in runtimes.items()} == {
-            "discovery": "discovery",
-            "command": "command",
+        assert {kind: (runtime.kind, runtime.bindable) for kind, runtime in runtimes.items()} == {
+            "discovery": ("discovery", True),
+            "command": ("command", False),
         }
         for runtime in runtimes.values():
             await _unknown_everywhere(runtime)
