@@ -11,7 +11,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 
+from connector.contract.catalog_models import DeferredProfileModel
 from connector.errors import SensoriumError
+
+# SPEC 1: the connector's retry hint when the action's deferred profile gives none.
+DEFAULT_RETRY_AFTER_SECONDS = 1
 
 
 class PolicyError(SensoriumError):
@@ -91,6 +95,12 @@ class DeferredHostPolicy:
     def admits_another_operation(self, active_operations: int) -> bool:
         """True when a principal with this many live operations may start one more."""
         return active_operations < self.max_operations_per_principal
+
+
+def retry_after(deferred_profile: DeferredProfileModel | None) -> int:
+    """The connector's retry hint for an action: its deferred profile's, else the default (a 0 stays 0)."""
+    hint = None if deferred_profile is None else deferred_profile.retry_after_seconds
+    return DEFAULT_RETRY_AFTER_SECONDS if hint is None else hint
 
 
 def discovery_window_end(

@@ -19,12 +19,12 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Final
 
+from connector.core.clock import format_time
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import Status, is_terminal
 from connector.core.projections import ERROR_MESSAGES
 from connector.runtime.kinds import Kind
 from connector.storage.registry import HistoryEvent, OperationRecord
-from connector.storage.state import format_time
 
 OWNER_MODULE_ID: Final = "sensorium-os"
 HOST_OPERATIONS: Final = "/v1/host/operations"
