@@ -484,8 +484,8 @@ DEADLINES = [
     # (deadline, timeout_ms) -> (window end, cut by the deadline, expiry), all in ms after START
     (None, None, 10_000, False, 300_000),
     (3_600_000, None, 10_000, False, 300_000),
-    (20_000, None, 10_000, False, 20_000),  # the cut (16 s) falls after the window's own end
-    (12_000, None, 8_000, True, 12_000),  # the deadline less the cleanup budget (4 s)
+    (20_000, None, 10_000, False, 20_000),  # the cut (15 s) falls after the window's own end
+    (12_000, None, 7_000, True, 12_000),  # the deadline less cleanup (4 s) and proof (1 s) budgets
     (3_000, None, 0, True, 3_000),  # cut before the start: the window ends at once
     (-5_000, None, 0, True, 0),
     (None, 15_000, 10_000, False, 300_000),
