@@ -29,8 +29,6 @@ from connector.core.policy import PROOF_BOUND_MS
 from connector.core.scope import DiscoveryScope, scope_matcher
 from connector.errors import ProviderError, StopUnconfirmed
 
-# A qualified proof (SPEC 6.7) takes at most this long beyond the cleanup bound.
-
 
 class StopOutcome(StrEnum):
     """How a stop ended this session: the backend said so, or a qualified proof showed it."""
