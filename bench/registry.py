@@ -40,8 +40,8 @@ import aiosqlite
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.pop(1)  # run as `python bench/registry.py`, entry 1 is this folder
 
+from connector.contract.canonical import canonical_bytes
 from connector.core.authority import Principal, authenticate
-from connector.core.canonical import canonical_bytes
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.core.lifecycle import Status
 from connector.core.policy import DeferredHostPolicy

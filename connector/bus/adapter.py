@@ -58,7 +58,6 @@ from connector.bus.messages import (
     unknown_reply,
 )
 from connector.bus.reader import RegistryReader
-from connector.bus.store import AnnouncementStore
 from connector.core import authority
 from connector.core.admission import check_directive, find_action
 from connector.core.clock import wall_clock
@@ -67,6 +66,7 @@ from connector.core.lifecycle import TERMINAL_STATUSES, BusState, Status, is_ter
 from connector.errors import AdmissionError, SensoriumError
 from connector.service.answers import Accepted, Done, public_refusal
 from connector.service.connector import ConnectorService
+from connector.storage.announcements import AnnouncementStore
 from connector.storage.registry import DeferredRegistry, OperationRecord
 
 _log = logging.getLogger("sensorium.bus")

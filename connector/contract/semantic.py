@@ -12,10 +12,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from connector.contract.canonical import canonical_bytes
 from connector.contract.patterns import OPERATION_ID_PATTERN, TIME_PATTERN, ecma
 from connector.contract.transports import CONTENT_KEYS
 from connector.contract.violations import Violation, ordered, pointer
-from connector.core.canonical import canonical_bytes
 
 __all__ = [
     "SEMANTIC_RULES",

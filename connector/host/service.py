@@ -26,9 +26,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from connector.contract.canonical import canonical_bytes, sha256_hex
 from connector.core import authority
 from connector.core.admission import caller_deadline
-from connector.core.canonical import canonical_bytes, sha256_hex
 from connector.core.clock import wall_clock
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import IllegalTransition, Status, is_terminal

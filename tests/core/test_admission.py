@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from connector.catalog.signing import VerifiedCatalog
+from connector.contract.canonical import canonical_bytes
 from connector.contract.catalog_models import CatalogAction
 from connector.core.admission import (
     Admitted,
@@ -25,7 +26,6 @@ from connector.core.admission import (
     require_status_v2,
 )
 from connector.core.authority import Grant, Principal
-from connector.core.canonical import canonical_bytes
 from connector.core.clock import format_time, to_ms
 from connector.core.commands import CommandAction
 from connector.core.ids import OPERATION_KIND, keyed_operation_id, random_operation_id

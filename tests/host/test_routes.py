@@ -23,6 +23,7 @@ from tests.host.support import (
     signed_catalog,
     terminal,
 )
+from tests.runtime.sessions import until_terminal
 
 pytestmark = pytest.mark.asyncio
 NEVER_SEEN = "deferred:sensorium.directive.invoke:" + "Q" * 26
@@ -131,7 +132,7 @@ async def test_a_discovery_status_over_the_size_limit_ends_failed(tmp_path: Path
         final = polls[-1]
         assert final["status"] == "failed" and final["error"]["code"] == "response-too-large"
         assert "progress" not in final
-        connector = await assembled.discovery.wait_terminal(op_id, 10)  # the session was terminated
+        connector = await until_terminal(assembled.discovery, op_id)  # the session was terminated
         assert connector["status"] == "failed" and connector["error"]["code"] == "response-too-large"
         assert connector["cleanup"]["state"] == "confirmed"
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from bluez_mock import BluezController, bluez
+from runtime.sessions import until_terminal
 
 from connector.cli.recorder import (
     FixtureFile,
@@ -236,7 +237,7 @@ async def scan_through_runtime(
         await wait_until(lambda: handle.status is Status.RUNNING)
         if drive_with is not None:
             drive(drive_with)
-        return await manager.wait_terminal(handle.operation_id, 10)
+        return await until_terminal(manager, handle.operation_id)
 
 
 @pytest.mark.asyncio

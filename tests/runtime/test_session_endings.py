@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from connector.core.canonical import canonical_bytes
+from connector.contract.canonical import canonical_bytes
 from connector.errors import ProviderUnavailable
 from connector.runtime.claims import claim_key
 from providers.faults import HANG, RAISE, Fault, FaultProvider, StopStep

@@ -14,6 +14,7 @@ from pathlib import Path
 import anyio
 import httpx
 import pytest
+from runtime.sessions import until_terminal
 
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.storage.principals import principals_path, revoke
@@ -177,7 +178,7 @@ async def _running_scan(h: Harness, who: str = "alice") -> tuple[str, str]:
 
 
 async def _assert_ended_by_revocation(h: Harness, factory: RecordingFactory, op_id: str) -> None:
-    await h.assembled.discovery.wait_terminal(op_id, 5.0)
+    await until_terminal(h.assembled.discovery, op_id, 5.0)
     metadata = h.assembled.discovery.metadata(op_id)
     assert metadata["status"] == "failed" and metadata["error_code"] == "grant-revoked"
     assert metadata["cleanup"] == {"state": "confirmed", "claim": "released"}
