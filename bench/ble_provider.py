@@ -43,9 +43,11 @@ from bluez_mock import BluezController, BluezEmulator  # noqa: E402
 from dbus_fast import BusType, Message  # noqa: E402
 from dbus_fast.aio import MessageBus  # noqa: E402
 
+from connector.core.admission import SessionSpec  # noqa: E402
+from connector.core.clock import wall_clock_ms  # noqa: E402
 from connector.core.ids import OPERATION_KIND, random_operation_id  # noqa: E402
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter  # noqa: E402
-from connector.runtime.manager import DiscoveryManager, wall_clock_ms  # noqa: E402
+from connector.runtime.manager import DiscoveryManager  # noqa: E402
 from providers.ble import BleProvider, BleSession, discovery_filters  # noqa: E402
 
 HEART = "0000180d-0000-1000-8000-00805f9b34fb"
@@ -102,20 +104,21 @@ async def stream(bluez: BluezController, signals: int, rate: float) -> None:
 async def start_scan(manager: DiscoveryManager, provider: BleProvider, window_ms: int) -> str:
     operation_id = random_operation_id(OPERATION_KIND, secrets.token_bytes(16))
     now = wall_clock_ms()
-    await manager.start_scan(
+    spec = SessionSpec(
         operation_id=operation_id,
         owner="bench",
         action_id="device.discovery.scan",
         scope=SCOPE,
         profile=PROFILE,
-        provider=provider,
-        now_ms=now,
+        created_at_ms=now,
         window_end_ms=now + window_ms,
         cut_by_deadline=False,
-        timeout_ms=None,
+        timeout_at_ms=None,
         expires_at_ms=None,
         causal_context=None,
+        retry_after_seconds=1,
     )
+    await manager.start_scan(spec, provider)
     while manager.status(operation_id)["status"] == "pending":
         await asyncio.sleep(0.01)
     return operation_id

@@ -21,6 +21,7 @@ from connector.bus.adapter import BusAdapter, BusSettings
 from connector.catalog.loader import load_verified_catalog
 from connector.catalog.signing import VerifiedCatalog
 from connector.core.candidates import format_ms
+from connector.core.clock import to_ms, wall_clock
 from connector.core.observations import Transport
 from connector.core.policy import DeferredHostPolicy
 from connector.core.scope import DiscoveryScope
@@ -30,7 +31,7 @@ from connector.host.poller import Poller
 from connector.host.service import HostService
 from connector.runtime.commands import CommandRunner
 from connector.runtime.manager import DiscoveryManager
-from connector.service.connector import ConnectorService, to_ms, wall_clock
+from connector.service.connector import ConnectorService
 from connector.storage.principals import PrincipalDirectory
 from connector.storage.registry import DeferredRegistry
 from connector.storage.state import ConnectorState

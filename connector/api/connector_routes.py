@@ -81,9 +81,9 @@ def connector_router(service: ConnectorService) -> APIRouter:
     @router.post("/v1/directives", **declare(INVOKE))
     async def invoke(request: Request) -> Response:
         """sensorium.directive.invoke: 200 sync result or 202 deferred handle."""
-        return await _with_body(
-            service, request, lambda body: service.invoke(bearer_token(request), body), directive=True
-        )
+        principal = service.authenticate(bearer_token(request))  # SPEC 2 step 1, once, before the body
+        directive = await _json(request, directive=True)
+        return to_response(await service.invoke(principal, directive))
 
     @router.get("/v1/operations/{operation_id}", **declare(STATUS))
     async def status(
@@ -147,10 +147,8 @@ async def _with_body(
     service: ConnectorService,
     request: Request,
     call: Callable[[Any], Awaitable[Answer]],
-    *,
-    directive: bool = False,
 ) -> Response:
     """Authenticate (SPEC 2 step 1 comes first), parse the JSON body (400 `invalid-json`), then call."""
     service.authenticate(bearer_token(request))
-    body = await _json(request, directive=directive)
+    body = await _json(request, directive=False)
     return to_response(await call(body))

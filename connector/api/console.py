@@ -35,10 +35,10 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from connector.core.authority import Principal
 from connector.core.candidates import format_ms
+from connector.core.clock import wall_clock
 from connector.core.scope import ALL_FILTER_KEYS
 from connector.errors import SensoriumError
 from connector.service.answers import Done, public_refusal
-from connector.service.connector import wall_clock
 from connector.service.operations import AdapterClaim, ConnectorOperations
 
 SESSION_COOKIE: Final = "sensorium_console"

@@ -59,14 +59,14 @@ from connector.bus.messages import (
 )
 from connector.bus.reader import RegistryReader
 from connector.bus.store import AnnouncementStore
-from connector.contract.validate import validate
 from connector.core import authority
-from connector.core.admission import find_action
-from connector.core.ids import OPERATION_KIND, operation_id
+from connector.core.admission import check_directive, find_action
+from connector.core.clock import wall_clock
+from connector.core.ids import keyed_operation_id
 from connector.core.lifecycle import TERMINAL_STATUSES, BusState, Status, is_terminal
 from connector.errors import AdmissionError, SensoriumError
 from connector.service.answers import Accepted, Done, public_refusal
-from connector.service.connector import ConnectorService, wall_clock
+from connector.service.connector import ConnectorService
 from connector.storage.registry import DeferredRegistry, OperationRecord
 
 _log = logging.getLogger("sensorium.bus")
@@ -314,20 +314,11 @@ class BusAdapter:
             if found is not None:
                 return found
         key = request.op or request.directive["idempotency_key"]
-        derived = operation_id(
-            OPERATION_KIND, principal_id=principal.principal_id, action_id=action_id, idempotency_key=key
-        )
-        return await self._registry.get(derived)
+        return await self._registry.get(keyed_operation_id(principal.principal_id, action_id, key))
 
     def _precheck(self, directive: Any) -> str:
         """Admission steps 2 and 3, then the Bus's own rule: operations only, no sync directives."""
-        violations = validate("sensorium-directive.v1", directive, via="schema")
-        if violations:
-            diagnostics = [{"code": "invalid-directive", "message": str(v)} for v in violations[:16]]
-            raise AdmissionError(
-                "the directive does not match its schema", code="invalid-directive", diagnostics=diagnostics
-            )
-        action_id: str = directive["action_id"]
+        action_id: str = check_directive(directive)["action_id"]
         find_action(self._service.catalog.actions, action_id)
         if is_sync_directive(directive):
             raise AdmissionError(

@@ -17,7 +17,7 @@ from types import TracebackType
 import aiosqlite
 import anyio
 
-from connector.bus.messages import format_time
+from connector.core.clock import format_time
 from connector.storage.sqlite import open_database
 
 STORE_RELATIVE_PATH = Path("storage") / "bus-announcements.sqlite"

@@ -15,8 +15,8 @@ import sys
 import types
 from collections.abc import Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
-from datetime import UTC, datetime
+from dataclasses import dataclass, replace
+from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
@@ -34,17 +34,22 @@ from connector.cli.live_view import (
 )
 from connector.cli.main import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, DefaultsHelp, usage_error
 from connector.cli.scan_help import explain_refusal, filter_epilog, provider_hint
+from connector.core.authority import Principal
+from connector.core.clock import wall_clock
 from connector.core.observations import TRANSPORTS
 from connector.errors import AdmissionError, CatalogError, ProviderUnavailable, SensoriumError
 
 if TYPE_CHECKING:
     from connector.catalog.signing import VerifiedCatalog
+    from connector.core.admission import SessionSpec
     from connector.core.scope import DiscoveryProfile, DiscoveryScope
     from connector.runtime.manager import DiscoveryManager
     from providers.base import Provider
 
 SCAN_ACTION = "device.discovery.scan"
 OWNER = "cli"
+# The operator at the terminal: admitted like any directive, but it holds no caller grants to check.
+OPERATOR = Principal(principal_id=OWNER, role="operator", token_sha256="0" * 64)
 # Seconds the live view waits for a new revision before it redraws the progress bar anyway.
 _REDRAW_S = 0.25
 # Slack on top of window + stop bound before the bridge gives up on a scan that never terminates.
@@ -55,12 +60,14 @@ _BRIDGE_SLACK_S = 10.0
 class ScanPlan:
     """Everything a scan needs, resolved before the event loop starts."""
 
-    scope: DiscoveryScope
-    profile: DiscoveryProfile
+    spec: SessionSpec
     provider: Provider
-    expires_in_ms: int
-    retry_after_seconds: int
     json_output: bool
+
+    @property
+    def scope(self) -> DiscoveryScope:
+        """The admitted scope."""
+        return self.spec.scope
 
 
 @dataclass(slots=True)
@@ -154,7 +161,7 @@ def run(args: argparse.Namespace) -> int:
         return usage_error(f"scan: {_explained(error, args)}")
     except CatalogError as error:
         return usage_error(f"scan: {_reason(error)}")
-    bound_s = plan.scope.window_seconds + 2 * plan.profile.cleanup_timeout_ms / 1000.0 + _BRIDGE_SLACK_S
+    bound_s = plan.scope.window_seconds + 2 * plan.spec.profile.cleanup_timeout_ms / 1000.0 + _BRIDGE_SLACK_S
     try:
         return anyio.run(_bridge, plan, bound_s)
     except TimeoutError:
@@ -194,8 +201,7 @@ def _profile_or_none(args: argparse.Namespace) -> DiscoveryProfile | None:
     else:
         path, trust = example_catalog(), args.trust or example_trust()
     try:
-        now = datetime.now(UTC)
-        catalog = load_verified_catalog(path, trust_dir=trust, data_dir=None, now=now)
+        catalog = load_verified_catalog(path, trust_dir=trust, data_dir=None, now=wall_clock())
         return catalog.discovery_profile(SCAN_ACTION)
     except SensoriumError:
         return None
@@ -208,48 +214,77 @@ def _reason(error: SensoriumError) -> str:
 
 
 def _plan(args: argparse.Namespace) -> ScanPlan:
-    """Input from the flags, checked against the verified catalog's scan profile; the provider to use."""
+    """The directive from the flags, admitted against the verified catalog; the provider to use."""
     from connector.catalog.loader import load_verified_catalog
     from connector.cli.catalog_source import catalog_with_fallback
-    from connector.core.policy import DeferredHostPolicy
-    from connector.core.scope import parse_discovery_input, scope_input_from_cli
+    from connector.core.scope import scope_input_from_cli
     from providers.registry import build_provider
 
     raw = scope_input_from_cli(
         args.transport, args.window, args.filter, args.exclude, args.max_candidates, args.adapter
     )
-    now = datetime.now(UTC)
+    now = wall_clock()
     catalog_path, trust = catalog_with_fallback("scan", args.catalog, args.trust)
     catalog = load_verified_catalog(catalog_path, trust_dir=trust, data_dir=None, now=now)
-    profile = catalog.discovery_profile(SCAN_ACTION)
-    scope = parse_discovery_input(raw, profile)
+    spec = _admitted(catalog, raw, now)
     provider = build_provider(
-        scope.transport,
+        spec.scope.transport,
         replay=args.replay,
         replay_speed=args.replay_speed,
-        ble_adapter=scope.adapter,
+        ble_adapter=spec.scope.adapter,
         mdns_interfaces=args.mdns_interfaces,
     )
-    preferred_ttl, retry_after = _deferred_profile(catalog)
-    expires_at = DeferredHostPolicy().effective_expires_at(
-        now, connector_fail_after=None, preferred_max_ttl=preferred_ttl, caller_deadline=None
-    )
-    return ScanPlan(
-        scope=scope,
-        profile=profile,
-        provider=provider,
-        expires_in_ms=int((expires_at - now).total_seconds() * 1000),
-        retry_after_seconds=retry_after,
-        json_output=args.json,
-    )
+    return ScanPlan(spec=spec, provider=provider, json_output=args.json)
 
 
-def _deferred_profile(catalog: VerifiedCatalog) -> tuple[int | None, int]:
-    """The scan action's preferred TTL and retry hint."""
-    deferred = catalog.actions[SCAN_ACTION].deferred_profile
-    if deferred is None:
-        return None, 1
-    return deferred.preferred_max_ttl_seconds, deferred.retry_after_seconds or 1
+def _admitted(catalog: VerifiedCatalog, raw_input: dict[str, Any], now: datetime) -> SessionSpec:
+    """The scan through the same admission as `serve` (SPEC 2), for the operator at the terminal."""
+    from connector.core.admission import AdmittedScan, plan_admission
+    from connector.core.policy import DeferredHostPolicy
+
+    directive = {
+        "schema": "sensorium-directive.v1",
+        "action_id": SCAN_ACTION,
+        "timing": {"mode": "async", "status_versions": [2]},
+        "input": raw_input,
+    }
+    try:
+        admitted = plan_admission(
+            directive,
+            principal=OPERATOR,
+            catalog=catalog,
+            policy=DeferredHostPolicy(),
+            now=now,
+            entropy=secrets.token_bytes,
+            check_grant=False,
+        )
+    except AdmissionError as error:
+        if error.code == "unknown-action":
+            raise _no_scan_action() from None
+        raise
+    if not isinstance(admitted, AdmittedScan):
+        raise _no_scan_action()
+    return admitted.session
+
+
+def _no_scan_action() -> AdmissionError:
+    return AdmissionError("no discovery action with this id in the catalog", code="unknown-action")
+
+
+def _started_at(spec: SessionSpec, now_ms: int) -> SessionSpec:
+    """The admitted times, moved to the moment the session starts (admission ran before the event loop)."""
+    shift = now_ms - spec.created_at_ms
+
+    def moved(ms: int | None) -> int | None:
+        return None if ms is None else ms + shift
+
+    return replace(
+        spec,
+        created_at_ms=now_ms,
+        window_end_ms=spec.window_end_ms + shift,
+        timeout_at_ms=moved(spec.timeout_at_ms),
+        expires_at_ms=moved(spec.expires_at_ms),
+    )
 
 
 async def _bridge(plan: ScanPlan, bound_s: float) -> int:
@@ -261,28 +296,14 @@ async def _bridge(plan: ScanPlan, bound_s: float) -> int:
 
 async def _scan(plan: ScanPlan) -> _Outcome:
     """One session through `DiscoveryManager`; Ctrl-C cancels it and waits for the confirmed stop."""
-    from connector.core.ids import OPERATION_KIND, random_operation_id
-    from connector.runtime.manager import DiscoveryManager, wall_clock_ms
+    from connector.core.clock import wall_clock_ms
+    from connector.runtime.manager import DiscoveryManager
 
     outcome = _Outcome()
     console = Console(stderr=True)
     async with DiscoveryManager() as manager, anyio.create_task_group() as watchers:
         now_ms = wall_clock_ms()
-        handle = await manager.start_scan(
-            operation_id=random_operation_id(OPERATION_KIND, secrets.token_bytes(16)),
-            owner=OWNER,
-            action_id=SCAN_ACTION,
-            scope=plan.scope,
-            profile=plan.profile,
-            provider=plan.provider,
-            now_ms=now_ms,
-            window_end_ms=now_ms + plan.scope.window_seconds * 1000,
-            cut_by_deadline=False,
-            timeout_ms=None,
-            expires_at_ms=now_ms + plan.expires_in_ms,
-            causal_context=None,
-            retry_after_seconds=plan.retry_after_seconds,
-        )
+        handle = await manager.start_scan(_started_at(plan.spec, now_ms), plan.provider)
         await watchers.start(_cancel_on_sigint, manager, handle.operation_id, outcome)
         console.print(
             f"scan: scanning {plan.scope.transport} for {plan.scope.window_seconds} s (Ctrl-C cancels)"

@@ -1,17 +1,35 @@
-"""Pure admission steps of SPEC 2: 3 (action), 4 (execution mode), 7 (status v2), 8 (fingerprint).
+"""Admission (SPEC 2) as one pure plan: steps 2 to 8 in order, from a directive to what it starts.
 
-Each refusal is an `AdmissionError` with its SPEC 14 code; messages are generic and never echo the
-directive (not even the action id).
+Rules of this file:
+- `plan_admission` runs the steps in SPEC order and refuses at the first failure with an `AdmissionError`
+  (or the `SensoriumError` of the grant check) carrying its SPEC 14 code; step 1 (authentication) comes
+  before it, step 9 (concurrency, claim) after it, both at the edges that hold the state;
+- `directive["timing"]` is read here only; the plan's `now` is the one instant every derived time counts
+  from (window end, deadline cut, timeout, expiry, `fail_after_seconds`);
+- a keyed directive's operation id comes from (principal, action, key) only (`core.ids`); an unkeyed one
+  from fresh entropy, drawn only then;
+- messages are generic and never echo the directive (not even the action id).
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Mapping, Sequence
-from typing import Any, Final, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Final, Literal, Protocol, TypeVar
 
+from connector.contract.catalog_models import CatalogAction
+from connector.contract.validate import validate
+from connector.core import authority
 from connector.core.canonical import canonical_bytes
+from connector.core.clock import parse_time, to_ms
+from connector.core.commands import CommandAction, check_command_input
+from connector.core.ids import OPERATION_KIND, keyed_operation_id, random_operation_id
+from connector.core.policy import DeferredHostPolicy, discovery_window_end, retry_after
+from connector.core.projections import deferred_handle
+from connector.core.scope import DiscoveryProfile, DiscoveryScope, parse_discovery_input
 from connector.errors import AdmissionError
 
 T = TypeVar("T")
@@ -25,6 +43,12 @@ DEFAULT_STATUS_VERSIONS: Final = (1,)
 
 # SPEC 2 step 8: the directive parts an idempotent replay must repeat; the rest may differ.
 FINGERPRINT_FIELDS: Final = ("action_id", "timing", "input")
+
+DIRECTIVE_SCHEMA: Final = "sensorium-directive.v1"
+MAX_DIAGNOSTICS: Final = 16
+ENTROPY_BYTES: Final = 16
+
+Mode = Literal["sync", "async"]
 
 _MODES_ALLOWED: Final[Mapping[str, frozenset[str]]] = {
     SYNC_ONLY: frozenset({"sync"}),
@@ -102,4 +126,217 @@ def check_idempotent_replay(stored_fingerprint: bytes, new_fingerprint: bytes) -
     if not hmac.compare_digest(stored_fingerprint, new_fingerprint):
         raise AdmissionError(
             "the idempotency key was used with a different directive", code="idempotency-conflict"
+        )
+
+
+class CatalogView(Protocol):
+    """What admission reads of the verified catalog (`connector.catalog.signing.VerifiedCatalog`)."""
+
+    @property
+    def actions(self) -> Mapping[str, CatalogAction]:
+        """The catalog's actions by id."""
+        ...
+
+    def discovery_profile(self, action_id: str) -> DiscoveryProfile:
+        """The core's profile of a discovery action."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class SessionSpec:
+    """What admission decided for one scan; fixed for the life of the session."""
+
+    operation_id: str
+    owner: str
+    action_id: str
+    scope: DiscoveryScope
+    profile: DiscoveryProfile
+    created_at_ms: int
+    window_end_ms: int
+    cut_by_deadline: bool
+    timeout_at_ms: int | None
+    expires_at_ms: int | None
+    causal_context: Mapping[str, Any] | None
+    retry_after_seconds: int
+    # The adapter the claim is keyed by: the provider starts on this one resolution, not a second one.
+    adapter: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedScan:
+    """A scan through step 8: the session it starts and the handle its 202 carries."""
+
+    session: SessionSpec
+    handle: Mapping[str, Any]
+    fingerprint: bytes
+    keyed: bool
+
+    @property
+    def operation_id(self) -> str:
+        """The scan's operation id."""
+        return self.session.operation_id
+
+
+@dataclass(frozen=True, slots=True)
+class AdmittedCommand:
+    """A command directive through step 8: what the runner is given."""
+
+    operation_id: str
+    owner: str
+    command: CommandAction
+    input: Mapping[str, Any]
+    mode: Mode
+    created_at: datetime
+    timeout_ms: int | None
+    expires_at: datetime
+    causal_context: Mapping[str, Any] | None
+    fingerprint: bytes
+    keyed: bool
+
+
+Admitted = AdmittedScan | AdmittedCommand
+
+
+def check_directive(directive: Any) -> Mapping[str, Any]:
+    """Step 2: the directive's schema; the failing paths only, never values."""
+    # A JSON array is not a directive (and the validator reads a list as a series of polls).
+    messages = (
+        ["/: type"]
+        if not isinstance(directive, dict)
+        else [str(v) for v in validate(DIRECTIVE_SCHEMA, directive, via="schema")]
+    )
+    if messages:
+        diagnostics = [{"code": "invalid-directive", "message": m} for m in messages[:MAX_DIAGNOSTICS]]
+        raise AdmissionError(
+            "the directive does not match its schema", code="invalid-directive", diagnostics=diagnostics
+        )
+    checked: Mapping[str, Any] = directive
+    return checked
+
+
+def plan_admission(
+    directive: Any,
+    *,
+    principal: authority.Principal,
+    catalog: CatalogView,
+    policy: DeferredHostPolicy,
+    now: datetime,
+    entropy: Callable[[int], bytes],
+    op_key: str | None = None,
+    check_grant: bool = True,
+) -> Admitted:
+    """Steps 2-8 of SPEC 2 for an authenticated principal; `op_key` (a Bus `op`) overrides the key.
+
+    `check_grant=False` is for the operator at the terminal (`scan`), who holds no caller grants.
+    """
+    checked = check_directive(directive)
+    action = find_action(catalog.actions, checked["action_id"])
+    timing: Mapping[str, Any] = checked["timing"]
+    check_execution_mode(action.execution_mode_support, timing["mode"])
+    if check_grant:
+        authority.require_grant(principal, action.action_id, _requested_transport(action, checked))
+    key = op_key if op_key is not None else checked.get("idempotency_key")
+    steps = _Steps(checked, timing, principal, action, now, key, entropy)
+    if action.action_class == "discovery":
+        return steps.scan(catalog.discovery_profile(action.action_id), policy)
+    return steps.command(policy)
+
+
+def caller_deadline(directive: Mapping[str, Any]) -> datetime | None:
+    """The caller's `timing.deadline_at` of a checked directive (the host clamps its expiry by it too)."""
+    timing: Mapping[str, Any] = directive["timing"]
+    return parse_time(timing["deadline_at"]) if "deadline_at" in timing else None
+
+
+def _requested_transport(action: CatalogAction, directive: Mapping[str, Any]) -> str | None:
+    """The transport a grant must cover (step 5 runs before the input is checked: only a string counts)."""
+    transport = directive["input"].get("transport") if action.action_class == "discovery" else None
+    return transport if isinstance(transport, str) else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Steps:
+    """Steps 6-8 and the derived times of one directive, by action class."""
+
+    directive: Mapping[str, Any]
+    timing: Mapping[str, Any]
+    principal: authority.Principal
+    action: CatalogAction
+    now: datetime
+    key: str | None
+    entropy: Callable[[int], bytes]
+
+    def scan(self, profile: DiscoveryProfile, policy: DeferredHostPolicy) -> AdmittedScan:
+        """Steps 6 (scope), 7 (status v2), 8 (fingerprint), then the session's window and expiry."""
+        timeout_ms = self.timing.get("timeout_ms")
+        scope = parse_discovery_input(self.directive["input"], profile, timeout_ms=timeout_ms)
+        require_status_v2(self.timing.get("status_versions"))
+        fingerprint = directive_fingerprint(self.directive)
+        op_id = self._operation_id()
+        deadline = caller_deadline(self.directive)
+        window_end, cut = discovery_window_end(
+            self.now, scope.window_seconds, deadline, profile.cleanup_timeout_ms
+        )
+        expires_at = self._expires_at(policy, self._preferred_ttl(), deadline)
+        retry = retry_after(self.action.deferred_profile)
+        now_ms = to_ms(self.now)
+        session = SessionSpec(
+            operation_id=op_id,
+            owner=self.principal.principal_id,
+            action_id=self.action.action_id,
+            scope=scope,
+            profile=profile,
+            created_at_ms=now_ms,
+            window_end_ms=to_ms(window_end),
+            cut_by_deadline=cut,
+            timeout_at_ms=None if timeout_ms is None else now_ms + timeout_ms,
+            expires_at_ms=to_ms(expires_at),
+            causal_context=self.directive.get("causal/context"),
+            retry_after_seconds=retry,
+        )
+        handle = deferred_handle(
+            op_id,
+            self.action.action_id,
+            retry_after_seconds=retry,
+            fail_after=expires_at - self.now,
+            rounding="down",
+        )
+        return AdmittedScan(session, handle, fingerprint, keyed=self.key is not None)
+
+    def command(self, policy: DeferredHostPolicy) -> AdmittedCommand:
+        """Steps 6 (the command's input rule) and 8 (fingerprint), then the operation's expiry."""
+        command = CommandAction.from_catalog(self.action)
+        check_command_input(command, self.directive["input"])
+        fingerprint = directive_fingerprint(self.directive)
+        op_id = self._operation_id()
+        deadline = caller_deadline(self.directive)
+        expires_at = self._expires_at(policy, command.preferred_max_ttl_seconds, deadline)
+        return AdmittedCommand(
+            operation_id=op_id,
+            owner=self.principal.principal_id,
+            command=command,
+            input=self.directive["input"],
+            mode=self.timing["mode"],
+            created_at=self.now,
+            timeout_ms=self.timing.get("timeout_ms"),
+            expires_at=expires_at,
+            causal_context=self.directive.get("causal/context"),
+            fingerprint=fingerprint,
+            keyed=self.key is not None,
+        )
+
+    def _operation_id(self) -> str:
+        if self.key is None:
+            return random_operation_id(OPERATION_KIND, self.entropy(ENTROPY_BYTES))
+        return keyed_operation_id(self.principal.principal_id, self.action.action_id, self.key)
+
+    def _preferred_ttl(self) -> int | None:
+        deferred = self.action.deferred_profile
+        return deferred.preferred_max_ttl_seconds if deferred else None
+
+    def _expires_at(
+        self, policy: DeferredHostPolicy, preferred_ttl: int | None, deadline: datetime | None
+    ) -> datetime:
+        return policy.effective_expires_at(
+            self.now, connector_fail_after=None, preferred_max_ttl=preferred_ttl, caller_deadline=deadline
         )

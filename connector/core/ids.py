@@ -48,6 +48,13 @@ def operation_id(kind: str, *, principal_id: str, action_id: str, idempotency_ke
     return _format(kind, digest[:SUFFIX_BYTES])
 
 
+def keyed_operation_id(principal_id: str, action_id: str, idempotency_key: str) -> str:
+    """The id of a keyed directive (SPEC 4): every face (HTTP, Bus, host) derives it here."""
+    return operation_id(
+        OPERATION_KIND, principal_id=principal_id, action_id=action_id, idempotency_key=idempotency_key
+    )
+
+
 def random_operation_id(kind: str, entropy: bytes) -> str:
     """The id of an unkeyed operation from 16 bytes (128 bits) of fresh entropy."""
     if len(entropy) != SUFFIX_BYTES:

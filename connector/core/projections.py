@@ -1,4 +1,5 @@
-"""The two projections of a discovery status (SPEC 7): the caller-private v2 status and durable metadata.
+"""The projections of an operation: a discovery's caller-private v2 status and its durable metadata (SPEC 7),
+and the `sensorium-connector-deferred.v1` handle of any accepted async directive.
 
 Rules of this file:
 - `caller_status_v2` is the only place a snapshot becomes part of a status; it goes to the authorised
@@ -13,14 +14,17 @@ Rules of this file:
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Final
+from datetime import timedelta
+from typing import Any, Final, Literal
 
 from connector.core.candidates import format_ms
 from connector.core.scope import DiscoveryScope, redacted_scope
 from connector.core.snapshot import Revision
 
+HANDLE_SCHEMA: Final = "sensorium-connector-deferred.v1"
 STATUS_SCHEMA: Final = "deferred-operation-status.v2"
 RESULT_SCHEMA: Final = "sensorium-device-discovery-result.v1"
 PROGRESS_TYPE: Final = "sensorium-device-discovery-progress.v1"
@@ -245,3 +249,35 @@ def status_from_durable(
     if causal_context is not None:
         status["causal/context"] = dict(causal_context)
     return status
+
+
+def deferred_handle(
+    operation_id: str,
+    action_id: str,
+    *,
+    retry_after_seconds: int,
+    fail_after: timedelta,
+    rounding: Literal["down", "up"],
+    cancel_unavailable_reason: str | None = None,
+) -> dict[str, Any]:
+    """The `sensorium-connector-deferred.v1` of an accepted operation; cancelable unless a reason is given.
+
+    `fail_after_seconds` is the whole seconds of `fail_after`: a scan rounds down (the hint never outlives
+    the session's own expiry), a command rounds up (its handle has always spelled the full TTL).
+    """
+    seconds = fail_after.total_seconds()
+    whole = math.floor(seconds) if rounding == "down" else math.ceil(seconds)
+    handle: dict[str, Any] = {
+        "schema": HANDLE_SCHEMA,
+        "connector_operation/id": operation_id,
+        "action_id": action_id,
+        "retry_after_seconds": retry_after_seconds,
+        "status_path": f"/v1/operations/{operation_id}",
+        "fail_after_seconds": max(0, whole),
+    }
+    if cancel_unavailable_reason is None:
+        handle["cancel_path"] = f"/v1/operations/{operation_id}/cancel"
+    else:
+        handle["cancel/unavailable-reason"] = cancel_unavailable_reason
+    handle["diagnostics"] = []
+    return handle

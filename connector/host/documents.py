@@ -17,11 +17,11 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, Final, Literal
 
+from connector.core.clock import format_time
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import Status, is_terminal
 from connector.core.projections import ERROR_MESSAGES
 from connector.storage.registry import HistoryEvent, OperationRecord
-from connector.storage.state import format_time
 
 OWNER_MODULE_ID: Final = "sensorium-os"
 HOST_OPERATIONS: Final = "/v1/host/operations"

@@ -13,6 +13,7 @@ from typing import Any, Protocol
 
 from connector.core import authority
 from connector.core.lifecycle import Status, is_terminal
+from connector.core.policy import retry_after
 from connector.core.projections import command_metadata
 from connector.errors import SensoriumError
 from connector.host.documents import Kind
@@ -86,11 +87,10 @@ class InProcessConnector:
         if action is None:
             return None
         profile = action.deferred_profile
-        retry = profile.retry_after_seconds if profile and profile.retry_after_seconds is not None else 1
         return ActionInfo(
             action_id=action_id,
             kind="discovery" if action.action_class == "discovery" else "command",
-            retry_after_seconds=retry,
+            retry_after_seconds=retry_after(profile),
             preferred_max_ttl_seconds=profile.preferred_max_ttl_seconds if profile else None,
         )
 
@@ -98,7 +98,7 @@ class InProcessConnector:
         self, principal: authority.Principal, directive: Any, *, op_key: str | None
     ) -> Accepted | Done:
         """Admission in SPEC 2 order; `op_key` (a Bus `op`) overrides the idempotency key."""
-        return await self.service.invoke_as(principal, directive, op_key=op_key)
+        return await self.service.invoke(principal, directive, op_key=op_key)
 
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
         """Durable metadata: the SPEC 7 projection for discovery, the status without result for commands."""

@@ -10,9 +10,9 @@ from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from connector.core.clock import format_time
 from connector.core.lifecycle import TERMINAL_STATUSES, Status
 from connector.storage.registry import HistoryEvent, OperationRecord
-from connector.storage.state import format_time
 
 _TERMINAL = frozenset(s.value for s in TERMINAL_STATUSES)
 

@@ -23,11 +23,13 @@ import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from connector.core import authority
+from connector.core.admission import caller_deadline
 from connector.core.canonical import canonical_bytes, sha256_hex
+from connector.core.clock import wall_clock
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import IllegalTransition, Status, is_terminal
 from connector.core.policy import DeferredHostPolicy
@@ -47,18 +49,9 @@ _STATUSES = frozenset(s.value for s in Status)
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
 
 
-def wall_clock() -> datetime:
-    """Now, in UTC."""
-    return datetime.now(UTC)
-
-
 def system_jitter() -> float:
     """A uniform draw in [0, 1) for the retry jitter."""
     return secrets.randbelow(1 << 30) / (1 << 30)
-
-
-def _parse_time(text: str) -> datetime:
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 class HostService:
@@ -144,13 +137,12 @@ class HostService:
         now = self.clock()
         op_id = connector_handle["connector_operation/id"]
         action = self._action(connector_handle["action_id"])
-        deadline = directive["timing"].get("deadline_at")
         retry = self.policy.effective_retry_after(connector_handle["retry_after_seconds"], self._jitter())
         expires_at = self.policy.effective_expires_at(
             now,
             connector_fail_after=connector_handle.get("fail_after_seconds"),
             preferred_max_ttl=action.preferred_max_ttl_seconds,
-            caller_deadline=None if deadline is None else _parse_time(deadline),
+            caller_deadline=caller_deadline(directive),
         )
         handle = documents.deferred_handle(
             connector_handle,

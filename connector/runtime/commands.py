@@ -26,7 +26,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import math
 import os
 import signal
 import subprocess
@@ -34,22 +33,23 @@ import sys
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process, TaskGroup
 
 import connector
-from connector.contract.catalog_models import CatalogAction
+from connector.core import projections
 from connector.core.admission import check_execution_mode
-from connector.core.canonical import canonical_bytes
+from connector.core.clock import format_time, wall_clock
+from connector.core.commands import CommandAction, check_command_input
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import INTERRUPTED_BY_RESTART, Status, check_transition, is_terminal
-from connector.errors import AdmissionError, SensoriumError
-from connector.storage.state import CommandOperation, ConnectorState, Mode, format_time
+from connector.errors import SensoriumError
+from connector.storage.state import CommandOperation, ConnectorState, Mode
 
 PYTHON_ALIAS = "python3"
 COMMAND_FAILED = "command-failed"
@@ -59,7 +59,6 @@ CANCELLATION_UNCONFIRMED = "cancellation-unconfirmed"
 CLEANUP_UNCONFIRMED = "cleanup-unconfirmed"
 NOT_CANCELABLE_REASON = "this action's command cannot be interrupted once started"
 DEFAULT_TTL_SECONDS = 900
-DEFAULT_MAX_INPUT_BYTES = 65536
 DEFAULT_MAX_OUTPUT_BYTES = 262144
 
 _log = logging.getLogger(__name__)
@@ -77,43 +76,6 @@ _ERROR_MESSAGES: Mapping[str, str] = {
 }
 
 
-@dataclass(frozen=True, slots=True)
-class CommandAction:
-    """What the runner needs of a `class: command` catalog action."""
-
-    action_id: str
-    argv: tuple[str, ...]
-    timeout_ms: int
-    cancel: Literal["terminate", "none"]
-    input: Literal["stdin-json", "none"]
-    execution_mode_support: str = "sync-only"
-    retry_after_seconds: int = 1
-    preferred_max_ttl_seconds: int | None = None
-
-    @classmethod
-    def from_catalog(cls, action: CatalogAction) -> CommandAction:
-        """Build from a verified catalog action; `unknown-action` if it is not a command action."""
-        if action.command is None:
-            raise SensoriumError("not a command action", code="unknown-action")
-        profile = action.deferred_profile
-        retry = profile.retry_after_seconds if profile and profile.retry_after_seconds is not None else 1
-        return cls(
-            action_id=action.action_id,
-            argv=tuple(action.command.argv),
-            timeout_ms=action.command.timeout_ms,
-            cancel=action.command.cancel,
-            input=action.command.input,
-            execution_mode_support=action.execution_mode_support,
-            retry_after_seconds=retry,
-            preferred_max_ttl_seconds=profile.preferred_max_ttl_seconds if profile else None,
-        )
-
-    @property
-    def cancelable(self) -> bool:
-        """True when running work can be terminated."""
-        return self.cancel == "terminate"
-
-
 def resolve_argv(argv: tuple[str, ...]) -> list[str]:
     """The argv to execute: `python3` is the connector's own interpreter."""
     first = sys.executable if argv[0] == PYTHON_ALIAS else argv[0]
@@ -129,23 +91,6 @@ def child_environment() -> dict[str, str]:
         "LC_ALL": "C.UTF-8",
         "PYTHONPATH": package_root,
     }
-
-
-def check_command_input(
-    action: CommandAction, value: Mapping[str, Any], *, max_bytes: int = DEFAULT_MAX_INPUT_BYTES
-) -> bytes | None:
-    """The stdin bytes for this input (None for `input: none`); `invalid-input` when it does not fit."""
-    if action.input == "none":
-        if value:
-            raise _invalid_input("/input", "must-be-empty")
-        return None
-    try:
-        body = canonical_bytes(dict(value))
-    except Exception as error:  # rfc8785 raises several types for values JSON cannot carry
-        raise _invalid_input("/input", "not-canonical-json") from error
-    if len(body) > max_bytes:
-        raise _invalid_input("/input", "too-large")
-    return body
 
 
 def status_document(operation: CommandOperation, *, retry_after_seconds: int = 1) -> dict[str, Any]:
@@ -185,43 +130,20 @@ def directive_result(operation: CommandOperation) -> dict[str, Any]:
 
 def deferred_handle(operation: CommandOperation, action: CommandAction) -> dict[str, Any]:
     """The `sensorium-connector-deferred.v1` handle; identical on every replay of the same operation."""
-    op_id = operation.operation_id
-    doc: dict[str, Any] = {
-        "schema": "sensorium-connector-deferred.v1",
-        "connector_operation/id": op_id,
-        "action_id": operation.action_id,
-        "retry_after_seconds": action.retry_after_seconds,
-        "fail_after_seconds": max(
-            0, math.ceil((operation.expires_at - operation.created_at).total_seconds())
-        ),
-        "status_path": f"/v1/operations/{op_id}",
-    }
-    if operation.cancelable:
-        doc["cancel_path"] = f"/v1/operations/{op_id}/cancel"
-    else:
-        doc["cancel/unavailable-reason"] = NOT_CANCELABLE_REASON
-    doc["diagnostics"] = []
-    return doc
+    return projections.deferred_handle(
+        operation.operation_id,
+        operation.action_id,
+        retry_after_seconds=action.retry_after_seconds,
+        fail_after=operation.expires_at - operation.created_at,
+        rounding="up",
+        cancel_unavailable_reason=None if operation.cancelable else NOT_CANCELABLE_REASON,
+    )
 
 
 def _error(operation: CommandOperation) -> dict[str, str]:
     """`error` of a terminal, non-completed operation: its code (or status) and a fixed message."""
     code = operation.error_code or operation.status
     return {"code": code, "message": _ERROR_MESSAGES.get(code, "the operation did not complete")}
-
-
-def _invalid_input(path: str, rule: str) -> AdmissionError:
-    """An `invalid-input` refusal naming the path and rule, never the value."""
-    return AdmissionError(
-        "input refused",
-        code="invalid-input",
-        diagnostics=[{"code": "invalid-input", "message": f"{path}: {rule}"}],
-    )
-
-
-def utc_now() -> datetime:
-    """Wall-clock time in UTC."""
-    return datetime.now(UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -334,7 +256,7 @@ class CommandRunner:
         max_workers: int = 2,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         kill_after_seconds: float = 2.0,
-        clock: Callable[[], datetime] = utc_now,
+        clock: Callable[[], datetime] = wall_clock,
         listener: Callable[[str, CommandOperation], None] | None = None,
     ) -> None:
         self._state = state

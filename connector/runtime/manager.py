@@ -15,25 +15,27 @@ import heapq
 import logging
 import math
 import secrets
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
+from dataclasses import replace
 from types import TracebackType
 from typing import Any, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
 
+from connector.core.admission import SessionSpec
+from connector.core.clock import wall_clock_ms
 from connector.core.endings import StopResult
 from connector.core.ids import opaque_id
 from connector.core.lifecycle import INTERRUPTED_BY_RESTART, Status
 from connector.core.projections import caller_status_v2, durable_metadata
-from connector.core.scope import DiscoveryProfile, DiscoveryScope
+from connector.core.scope import DiscoveryScope
 from connector.core.snapshot import CandidateTable
 from connector.errors import SensoriumError
 from connector.runtime.claims import ClaimRegistry, claim_key
-from connector.runtime.session import DiscoverySession, SessionHandle, SessionListener, SessionSpec
+from connector.runtime.session import DiscoverySession, SessionHandle, SessionListener
 from providers.base import Provider
 
 DEFAULT_METADATA_RETENTION_SECONDS = 7 * 24 * 3600
@@ -52,11 +54,6 @@ class UnknownOperation(SensoriumError):
     """An operation this connector never saw or no longer retains."""
 
     default_code = "unknown-operation"
-
-
-def wall_clock_ms() -> int:
-    """Milliseconds since the Unix epoch."""
-    return time.time_ns() // 1_000_000
 
 
 def _random_id() -> str:
@@ -141,97 +138,38 @@ class DiscoveryManager:
 
     # ---- starting ------------------------------------------------------------------------------------------
 
-    async def start_scan(
-        self,
-        *,
-        operation_id: str,
-        owner: str,
-        action_id: str,
-        scope: DiscoveryScope,
-        profile: DiscoveryProfile,
-        provider: Provider,
-        now_ms: int,
-        window_end_ms: int,
-        cut_by_deadline: bool,
-        timeout_ms: int | None,
-        expires_at_ms: int | None,
-        causal_context: Mapping[str, Any] | None,
-        retry_after_seconds: int = 1,
-    ) -> SessionHandle:
+    async def start_scan(self, spec: SessionSpec, provider: Provider) -> SessionHandle:
         """Take the claim (or refuse before any provider call) and start the session's runner."""
-        handle = await self.prepare_scan(
-            operation_id=operation_id,
-            owner=owner,
-            action_id=action_id,
-            scope=scope,
-            profile=profile,
-            provider=provider,
-            now_ms=now_ms,
-            window_end_ms=window_end_ms,
-            cut_by_deadline=cut_by_deadline,
-            timeout_ms=timeout_ms,
-            expires_at_ms=expires_at_ms,
-            causal_context=causal_context,
-            retry_after_seconds=retry_after_seconds,
-        )
-        self.launch(operation_id)
+        handle = await self.prepare_scan(spec, provider)
+        self.launch(spec.operation_id)
         return handle
 
-    async def prepare_scan(
-        self,
-        *,
-        operation_id: str,
-        owner: str,
-        action_id: str,
-        scope: DiscoveryScope,
-        profile: DiscoveryProfile,
-        provider: Provider,
-        now_ms: int,
-        window_end_ms: int,
-        cut_by_deadline: bool,
-        timeout_ms: int | None,
-        expires_at_ms: int | None,
-        causal_context: Mapping[str, Any] | None,
-        retry_after_seconds: int = 1,
-    ) -> SessionHandle:
+    async def prepare_scan(self, spec: SessionSpec, provider: Provider) -> SessionHandle:
         """Take the claim (or refuse) and register the session, pending; `launch` starts its runner."""
+        operation_id = spec.operation_id
         existing = self._sessions.get(operation_id)
         if existing is not None:
             return SessionHandle(existing)
         self._require_open()
-        adapter = await resolved_adapter(provider, scope)
+        adapter = await resolved_adapter(provider, spec.scope)
         existing = self._sessions.get(operation_id)
         if existing is not None:  # the same operation was started while the adapter was being resolved
             return SessionHandle(existing)
         self._require_open()
         claim = self.claims.acquire(
-            claim_key(scope.transport, adapter),
+            claim_key(spec.scope.transport, adapter),
             operation_id=operation_id,
             concurrent=provider.capabilities.concurrent_sessions,
-            now_ms=now_ms,
-            expected_release_ms=window_end_ms + profile.cleanup_timeout_ms,
+            now_ms=spec.created_at_ms,
+            expected_release_ms=spec.window_end_ms + spec.profile.cleanup_timeout_ms,
         )
-        spec = SessionSpec(
-            operation_id=operation_id,
-            owner=owner,
-            action_id=action_id,
-            scope=scope,
-            profile=profile,
-            created_at_ms=now_ms,
-            window_end_ms=window_end_ms,
-            cut_by_deadline=cut_by_deadline,
-            timeout_at_ms=None if timeout_ms is None else now_ms + timeout_ms,
-            expires_at_ms=expires_at_ms,
-            causal_context=causal_context,
-            retry_after_seconds=retry_after_seconds,
-            adapter=adapter,
-        )
-        table = CandidateTable(scope, profile, generation=self._new_id(), new_ref=self._new_id)
+        spec = replace(spec, adapter=adapter)
+        table = CandidateTable(spec.scope, spec.profile, generation=self._new_id(), new_ref=self._new_id)
         session = DiscoverySession(
             spec, provider=provider, table=table, claim=claim, clock=self._clock, listener=self._listener
         )
         self._sessions[operation_id] = session
-        self._live[owner] += 1
+        self._live[spec.owner] += 1
         if self._listener is not None:
             self._listener("admitted", session)
         return SessionHandle(session)

@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 import anyio
 
+from connector.core.admission import SessionSpec
 from connector.core.endings import (
     CANCELLATION_UNCONFIRMED,
     CLEANUP_UNCONFIRMED,
@@ -43,7 +44,7 @@ from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import Status, check_transition, is_terminal
 from connector.core.observations import Observation
 from connector.core.projections import SessionView
-from connector.core.scope import DiscoveryProfile, DiscoveryScope
+from connector.core.scope import DiscoveryScope
 from connector.core.snapshot import CandidateTable, IngestOutcome
 from connector.errors import ProviderError, ProviderUnavailable
 from connector.runtime.claims import Claim
@@ -60,7 +61,6 @@ __all__ = [
     "DiscoverySession",
     "EndCause",
     "SessionHandle",
-    "SessionSpec",
 ]
 
 # A pending cut re-checked sooner than this would only spin: whole-second content cannot change faster.
@@ -69,26 +69,6 @@ _MIN_WAKE_MS = 5
 _BACKSTOP_MARGIN_MS = 250
 # Told of each lifecycle event (`running`, `cancel-requested`, `ended`, `cleanup-confirmed`); telemetry only.
 SessionListener = Callable[[str, "DiscoverySession"], None]
-
-
-@dataclass(frozen=True, slots=True)
-class SessionSpec:
-    """What admission decided for one scan; fixed for the life of the session."""
-
-    operation_id: str
-    owner: str
-    action_id: str
-    scope: DiscoveryScope
-    profile: DiscoveryProfile
-    created_at_ms: int
-    window_end_ms: int
-    cut_by_deadline: bool
-    timeout_at_ms: int | None
-    expires_at_ms: int | None
-    causal_context: Mapping[str, Any] | None
-    retry_after_seconds: int
-    # The adapter the claim is keyed by: the provider starts on this one resolution, not a second one.
-    adapter: str | None = None
 
 
 class _Sink:

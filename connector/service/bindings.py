@@ -19,12 +19,12 @@ from typing import Any, NoReturn
 import anyio
 
 from connector.core import authority
+from connector.core.clock import to_ms
 from connector.core.ids import opaque_id
 from connector.core.lifecycle import Status, is_terminal
 from connector.errors import AdmissionError, SensoriumError
 from connector.runtime.manager import DiscoveryManager
 from connector.service.answers import Created, Done, Gone
-from connector.storage.registry import to_ms
 from connector.storage.state import Binding, ConnectorState
 
 BIND_RETRY_AFTER_SECONDS = 1

@@ -10,29 +10,20 @@ import secrets
 from collections import Counter
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import anyio
 
 from connector.catalog.signing import VerifiedCatalog
-from connector.contract.catalog_models import CatalogAction
-from connector.contract.validate import validate
 from connector.core import authority
-from connector.core.admission import (
-    check_execution_mode,
-    check_idempotent_replay,
-    directive_fingerprint,
-    find_action,
-    require_status_v2,
-)
-from connector.core.ids import OPERATION_KIND, operation_id, random_operation_id
+from connector.core.admission import AdmittedCommand, AdmittedScan, check_idempotent_replay, plan_admission
+from connector.core.clock import to_ms, wall_clock
 from connector.core.lifecycle import Status
-from connector.core.policy import DeferredHostPolicy, discovery_window_end
+from connector.core.policy import DeferredHostPolicy
 from connector.core.projections import status_from_durable
-from connector.core.scope import DiscoveryScope, parse_discovery_input
 from connector.errors import AdmissionError, SensoriumError, unknown_operation
-from connector.runtime.commands import CommandAction, CommandRunner, check_command_input
+from connector.runtime.commands import CommandRunner
 from connector.runtime.manager import DiscoveryManager, UnknownOperation
 from connector.service.answers import Accepted, Created, Done, Gone
 from connector.service.bindings import Bindings, bind_request, refuse_erased
@@ -44,21 +35,6 @@ ProviderFactory = Callable[[str, str | None], Provider]
 MAX_WAIT_SECONDS = 30
 PRINCIPALS_WATCH_INTERVAL_SECONDS = 1.0
 METADATA_SWEEP_SECONDS = 600.0
-
-
-def wall_clock() -> datetime:
-    """Now, in UTC."""
-    return datetime.now(UTC)
-
-
-def to_ms(moment: datetime) -> int:
-    """Milliseconds since the Unix epoch."""
-    return int(moment.timestamp() * 1000)
-
-
-def parse_time(text: str) -> datetime:
-    """An RFC 3339 UTC time with `Z` (already schema-checked)."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 @dataclass(slots=True)
@@ -185,56 +161,31 @@ class ConnectorService:
 
     # ---- directives ----------------------------------------------------------------------------------------
 
-    async def invoke(self, token: str | None, directive: Any) -> Accepted | Done:
-        """POST /v1/directives: admission in SPEC 2 order, then start or run the work."""
-        principal = self.authenticate(token)
-        return await self._admit(principal, directive, idempotency_key=None)
-
-    async def invoke_as(
-        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+    async def invoke(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None = None
     ) -> Accepted | Done:
-        """Admission for an already authenticated principal; `op_key` overrides the idempotency key (Bus)."""
-        return await self._admit(principal, directive, idempotency_key=op_key)
+        """Admission (SPEC 2 steps 2-9) for an authenticated principal, then start or run the work.
 
-    async def _admit(
-        self, principal: authority.Principal, directive: Any, *, idempotency_key: str | None
-    ) -> Accepted | Done:
-        _check_directive(directive)
-        action = find_action(self.catalog.actions, directive["action_id"])
-        timing = directive["timing"]
-        check_execution_mode(action.execution_mode_support, timing["mode"])
-        raw_input = directive["input"]
-        transport = raw_input.get("transport") if action.action_class == "discovery" else None
-        authority.require_grant(
-            principal, action.action_id, transport if isinstance(transport, str) else None
+        `op_key` (a Bus `op`) overrides the directive's idempotency key.
+        """
+        plan = plan_admission(
+            directive,
+            principal=principal,
+            catalog=self.catalog,
+            policy=self.policy,
+            now=self._clock(),
+            entropy=self._entropy,
+            op_key=op_key,
         )
-        key = idempotency_key if idempotency_key is not None else directive.get("idempotency_key")
-        if action.action_class == "discovery":
-            return await self._admit_discovery(principal, action, directive, key)
-        return await self._admit_command(principal, action, directive, key)
+        if isinstance(plan, AdmittedScan):
+            return await self._admit_discovery(plan)
+        return await self._admit_command(plan)
 
-    def _new_operation_id(self, principal: authority.Principal, action_id: str, key: str | None) -> str:
-        if key is None:
-            return random_operation_id(OPERATION_KIND, self._entropy(16))
-        return operation_id(
-            OPERATION_KIND, principal_id=principal.principal_id, action_id=action_id, idempotency_key=key
-        )
-
-    async def _admit_discovery(
-        self,
-        principal: authority.Principal,
-        action: CatalogAction,
-        directive: Mapping[str, Any],
-        key: str | None,
-    ) -> Accepted:
-        timing = directive["timing"]
-        profile = self.catalog.discovery_profile(action.action_id)
-        scope = parse_discovery_input(directive["input"], profile, timeout_ms=timing.get("timeout_ms"))
-        require_status_v2(timing.get("status_versions"))
-        fingerprint = directive_fingerprint(directive)
-        op_id = self._new_operation_id(principal, action.action_id, key)
+    async def _admit_discovery(self, plan: AdmittedScan) -> Accepted:
+        """Step 8 for a scan: a keyed repeat answers the first admission (or its record); else it starts."""
+        op_id = plan.operation_id
         admitted = self._admitted.get(op_id)
-        if admitted is None and key is not None:
+        if admitted is None and plan.keyed:
             record = await self.state.get_discovery(op_id)
             admitted = self._admitted.get(op_id)  # a first admission may have begun meanwhile
             if admitted is None and record is not None:
@@ -242,7 +193,7 @@ class ConnectorService:
                 # nothing starts (SPEC 4: the fingerprint is gone, directives are not compared).
                 return _accepted(record.reply)
         if admitted is not None:
-            check_idempotent_replay(admitted.fingerprint, fingerprint)
+            check_idempotent_replay(admitted.fingerprint, plan.fingerprint)
             with anyio.CancelScope(shield=True):  # bounded: the first admission's claim and one write
                 await admitted.recorded.wait()
             if admitted.refusal is not None:
@@ -250,7 +201,7 @@ class ConnectorService:
             if admitted.failed:
                 raise SensoriumError("the first admission with this key failed", code="internal")
             return admitted.answer
-        return await self._start_scan(principal, action, directive, scope, op_id, fingerprint, key)
+        return await self._start_scan(plan)
 
     def _reserve_live(self, owner: str, op_id: str) -> None:
         """Step 9, per-principal part: count and reserve in one synchronous step (no await in between)."""
@@ -275,61 +226,26 @@ class ConnectorService:
         self._admitted.pop(op_id, None)
         self.bindings.drop(op_id)
 
-    async def _start_scan(
-        self,
-        principal: authority.Principal,
-        action: CatalogAction,
-        directive: Mapping[str, Any],
-        scope: DiscoveryScope,
-        op_id: str,
-        fingerprint: bytes,
-        key: str | None,
-    ) -> Accepted:
+    async def _start_scan(self, plan: AdmittedScan) -> Accepted:
         """Reserve, take the claim, record durably, then launch: the 202 leaves only after the record."""
-        timing = directive["timing"]
-        profile = self.catalog.discovery_profile(action.action_id)
-        now = self._clock()
-        deadline = parse_time(timing["deadline_at"]) if "deadline_at" in timing else None
-        window_end, cut = discovery_window_end(
-            now, scope.window_seconds, deadline, profile.cleanup_timeout_ms
-        )
-        preferred = action.deferred_profile.preferred_max_ttl_seconds if action.deferred_profile else None
-        expires_at = self.policy.effective_expires_at(
-            now, connector_fail_after=None, preferred_max_ttl=preferred, caller_deadline=deadline
-        )
-        retry_after = _retry_after(action)
-        self._reserve_live(principal.principal_id, op_id)
-        handle = _deferred_handle(op_id, action.action_id, retry_after, expires_at - now, cancelable=True)
-        answer = _accepted(handle)
-        admitted = _Admitted(fingerprint, answer)
-        if key is not None:
+        spec, op_id = plan.session, plan.operation_id
+        self._reserve_live(spec.owner, op_id)
+        answer = _accepted(plan.handle)
+        admitted = _Admitted(plan.fingerprint, answer)
+        if plan.keyed:
             self._admitted[op_id] = admitted  # before any await: a concurrent repeat waits for this one
         try:
-            await self.discovery.prepare_scan(
-                operation_id=op_id,
-                owner=principal.principal_id,
-                action_id=action.action_id,
-                scope=scope,
-                profile=profile,
-                provider=self._providers(scope.transport, scope.adapter),
-                now_ms=to_ms(now),
-                window_end_ms=to_ms(window_end),
-                cut_by_deadline=cut,
-                timeout_ms=timing.get("timeout_ms"),
-                expires_at_ms=to_ms(expires_at),
-                causal_context=directive.get("causal/context"),
-                retry_after_seconds=retry_after,
-            )
+            await self.discovery.prepare_scan(spec, self._providers(spec.scope.transport, spec.scope.adapter))
             await self.state.insert_discovery(
                 DiscoveryRecord(
                     operation_id=op_id,
-                    owner=principal.principal_id,
-                    action_id=action.action_id,
-                    transport=scope.transport,
+                    owner=spec.owner,
+                    action_id=spec.action_id,
+                    transport=spec.scope.transport,
                     status=Status.PENDING.value,
                     metadata=self.discovery.metadata(op_id),
-                    reply=handle,
-                    causal_context=directive.get("causal/context"),
+                    reply=dict(plan.handle),
+                    causal_context=None if spec.causal_context is None else dict(spec.causal_context),
                 )
             )
         except BaseException as error:
@@ -345,30 +261,22 @@ class ConnectorService:
         self.discovery.launch(op_id)
         return answer
 
-    async def _admit_command(
-        self,
-        principal: authority.Principal,
-        action: CatalogAction,
-        directive: Mapping[str, Any],
-        key: str | None,
-    ) -> Accepted | Done:
-        command = CommandAction.from_catalog(action)
-        check_command_input(command, directive["input"])
-        fingerprint = directive_fingerprint(directive).hex()
-        op_id = self._new_operation_id(principal, action.action_id, key)
-        existing = await self._reserve(principal, op_id)
+    async def _admit_command(self, plan: AdmittedCommand) -> Accepted | Done:
+        """Step 8 for a command: the stored operation of a repeated key, else a reservation and the run."""
+        op_id = plan.operation_id
+        existing = await self._reserve(plan.owner, op_id)
         if existing is not None:
-            check_idempotent_replay(bytes.fromhex(existing.idempotency_fp or ""), bytes.fromhex(fingerprint))
-            return _command_answer(await self.commands.replay(op_id, command))
+            check_idempotent_replay(bytes.fromhex(existing.idempotency_fp or ""), plan.fingerprint)
+            return _command_answer(await self.commands.replay(op_id, plan.command))
         try:
-            return await self._submit(principal, command, directive, op_id, fingerprint)
+            return await self._submit(plan)
         except BaseException:
             self._end_live(op_id)  # refused or broken before (or while) running: it no longer counts
             raise
         finally:
             self._starting.pop(op_id).set()
 
-    async def _reserve(self, principal: authority.Principal, op_id: str) -> CommandOperation | None:
+    async def _reserve(self, owner: str, op_id: str) -> CommandOperation | None:
         """Steps 8 and 9 of a command: the stored operation of a repeated key, else a reservation (None)."""
         while True:
             async with self._admission:
@@ -377,39 +285,23 @@ class ConnectorService:
                 if existing is not None:
                     return existing
                 if starting is None:
-                    self._reserve_live(principal.principal_id, op_id)
+                    self._reserve_live(owner, op_id)
                     self._starting[op_id] = anyio.Event()
                     return None
             await starting.wait()  # the first request with this key is still being admitted
 
-    async def _submit(
-        self,
-        principal: authority.Principal,
-        command: CommandAction,
-        directive: Mapping[str, Any],
-        op_id: str,
-        fingerprint: str,
-    ) -> Accepted | Done:
-        timing = directive["timing"]
-        now = self._clock()
-        deadline = parse_time(timing["deadline_at"]) if "deadline_at" in timing else None
-        expires_at = self.policy.effective_expires_at(
-            now,
-            connector_fail_after=None,
-            preferred_max_ttl=command.preferred_max_ttl_seconds,
-            caller_deadline=deadline,
-        )
+    async def _submit(self, plan: AdmittedCommand) -> Accepted | Done:
         answer = await self.commands.submit(
-            op_id,
-            principal.principal_id,
-            command,
-            directive["input"],
-            timing["mode"],
-            now,
-            timeout_ms=timing.get("timeout_ms"),
-            expires_at=expires_at,
-            idempotency_fp=fingerprint,
-            causal_context=directive.get("causal/context"),
+            plan.operation_id,
+            plan.owner,
+            plan.command,
+            plan.input,
+            plan.mode,
+            plan.created_at,
+            timeout_ms=plan.timeout_ms,
+            expires_at=plan.expires_at,
+            idempotency_fp=plan.fingerprint.hex(),
+            causal_context=plan.causal_context,
         )
         return _command_answer(answer)
 
@@ -538,44 +430,6 @@ def revocation_answer(principal_id: str, action_id: str | None, lost: frozenset[
     if action_id is not None:
         answer["action_id"] = action_id
     return answer
-
-
-def _check_directive(directive: Any) -> None:
-    """Step 2: the directive's schema; failing paths only, never values."""
-    # A JSON array is not a directive (and the validator reads a list as a series of polls).
-    messages = (
-        ["/: type"]
-        if not isinstance(directive, dict)
-        else [str(v) for v in validate("sensorium-directive.v1", directive, via="schema")]
-    )
-    if messages:
-        diagnostics = [{"code": "invalid-directive", "message": message} for message in messages[:16]]
-        raise AdmissionError(
-            "the directive does not match its schema", code="invalid-directive", diagnostics=diagnostics
-        )
-
-
-def _retry_after(action: CatalogAction) -> int:
-    profile = action.deferred_profile
-    return profile.retry_after_seconds if profile and profile.retry_after_seconds is not None else 1
-
-
-def _deferred_handle(
-    op_id: str, action_id: str, retry_after: int, ttl: timedelta, *, cancelable: bool
-) -> dict[str, Any]:
-    """A `sensorium-connector-deferred.v1` for a discovery operation."""
-    handle: dict[str, Any] = {
-        "schema": "sensorium-connector-deferred.v1",
-        "connector_operation/id": op_id,
-        "action_id": action_id,
-        "retry_after_seconds": retry_after,
-        "status_path": f"/v1/operations/{op_id}",
-        "fail_after_seconds": max(0, int(ttl.total_seconds())),
-        "diagnostics": [],
-    }
-    if cancelable:
-        handle["cancel_path"] = f"/v1/operations/{op_id}/cancel"
-    return handle
 
 
 def _accepted(handle: Mapping[str, Any]) -> Accepted:

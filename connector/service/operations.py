@@ -14,10 +14,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from connector.core.clock import format_time
 from connector.core.projections import command_metadata
 from connector.runtime.commands import status_document
 from connector.runtime.manager import DiscoveryManager, UnknownOperation
-from connector.storage.state import CommandOperation, ConnectorState, format_time
+from connector.storage.state import CommandOperation, ConnectorState
 
 
 @dataclass(frozen=True, slots=True)

@@ -25,7 +25,7 @@ from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any
@@ -34,6 +34,7 @@ import aiosqlite
 import anyio
 
 from connector.core.canonical import canonical_bytes
+from connector.core.clock import from_ms, to_ms, wall_clock
 from connector.core.lifecycle import (
     INTERRUPTED_BY_RESTART,
     TERMINAL_STATUSES,
@@ -50,8 +51,6 @@ REGISTRY_RELATIVE_PATH = Path("storage") / "deferred-operations.sqlite"
 DEFAULT_RETENTION = timedelta(days=7)
 
 _log = logging.getLogger(__name__)
-_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_MS = timedelta(milliseconds=1)
 _SAFE_INT = 2**53
 _TERMINAL = tuple(sorted(s.value for s in TERMINAL_STATUSES))
 _NON_TERMINAL = tuple(sorted(s.value for s in Status if not is_terminal(s)))
@@ -137,16 +136,6 @@ class RegistryError(SensoriumError):
     """The registry could not do what was asked (never carries stored values)."""
 
     default_code = "internal"
-
-
-def to_ms(moment: datetime) -> int:
-    """Milliseconds since the Unix epoch of an aware datetime."""
-    return (moment - _EPOCH) // _MS
-
-
-def from_ms(value: int) -> datetime:
-    """The aware UTC datetime of an epoch-milliseconds value."""
-    return _EPOCH + timedelta(milliseconds=value)
 
 
 def _plain(value: Any) -> bool:
@@ -600,7 +589,7 @@ class DeferredRegistry:
                 rows = await self._db.execute_fetchall(select, (operation_id,))
                 body = next(iter(rows), (None,))[0]
                 if body is not None:
-                    await self._db.execute(claim, (to_ms(datetime.now(UTC)), operation_id))
+                    await self._db.execute(claim, (to_ms(wall_clock()), operation_id))
                 await self._db.execute("COMMIT")
             except BaseException:
                 await self._db.execute("ROLLBACK")

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Literal
@@ -25,6 +25,7 @@ from typing import Any, Literal
 import aiosqlite
 import anyio
 
+from connector.core.clock import format_time, parse_time
 from connector.errors import SensoriumError
 from connector.storage.sqlite import open_database
 
@@ -77,17 +78,6 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 Mode = Literal["sync", "async"]
-
-
-def format_time(moment: datetime) -> str:
-    """RFC 3339 UTC with `Z`, whole milliseconds."""
-    utc = moment.astimezone(UTC)
-    return utc.strftime("%Y-%m-%dT%H:%M:%S.") + f"{utc.microsecond // 1000:03d}Z"
-
-
-def parse_time(text: str) -> datetime:
-    """The inverse of `format_time`."""
-    return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,8 @@ from typing import Any
 
 import anyio
 
-from connector.runtime.commands import CommandAction, CommandRunner
+from connector.core.commands import CommandAction
+from connector.runtime.commands import CommandRunner
 from connector.storage.state import ConnectorState
 
 PROGRAMS = Path(__file__).with_name("programs.py")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from connector.contract.catalog_models import ActionCatalog
+from connector.core.commands import CommandAction
 from connector.errors import SensoriumError
-from connector.runtime.commands import CommandAction
 
 from .conftest import running, wait_terminal
 

@@ -16,9 +16,11 @@ from pathlib import Path
 import anyio
 import pytest
 
+from connector.core.clock import format_time
+from connector.core.commands import CommandAction
 from connector.errors import SensoriumError
-from connector.runtime.commands import CommandAction, CommandRunner
-from connector.storage.state import STATE_RELATIVE_PATH, ConnectorState, format_time
+from connector.runtime.commands import CommandRunner
+from connector.storage.state import STATE_RELATIVE_PATH, ConnectorState
 
 from .conftest import (
     check_status_shape,

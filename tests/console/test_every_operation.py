@@ -62,7 +62,8 @@ async def harness(tmp_path: Path) -> AsyncIterator[tuple[Assembled, httpx.AsyncC
 
 
 async def _admit(assembled: Assembled, tokens: Tokens, transport: str, filters: dict[str, Any]) -> str:
-    answer = await assembled.service.invoke(tokens.caller, scan_directive(transport, 30, filters))
+    principal = assembled.service.authenticate(tokens.caller)
+    answer = await assembled.service.invoke(principal, scan_directive(transport, 30, filters))
     assert isinstance(answer, Accepted)
     return str(answer.handle["connector_operation/id"])
 

@@ -26,9 +26,11 @@ from typing import Any
 import anyio
 import anyio.to_thread
 
+from connector.core.admission import SessionSpec
+from connector.core.clock import wall_clock_ms
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter
-from connector.runtime.manager import DiscoveryManager, wall_clock_ms
+from connector.runtime.manager import DiscoveryManager
 from providers.mdns import MdnsProvider
 
 _ETH_P_ALL = 0x0003
@@ -125,20 +127,21 @@ async def scan(manager: DiscoveryManager, provider: MdnsProvider, command: dict[
     )
     now = wall_clock_ms()
     started = time.monotonic()
-    handle = await manager.start_scan(
+    spec = SessionSpec(
         operation_id=random_operation_id(OPERATION_KIND, secrets.token_bytes(16)),
         owner="lab",
         action_id="device.discovery.scan",
         scope=scope,
         profile=profile(command["ttl_s"]),
-        provider=provider,  # type: ignore[arg-type]
-        now_ms=now,
+        created_at_ms=now,
         window_end_ms=now + command["window_s"] * 1000,
         cut_by_deadline=False,
-        timeout_ms=None,
+        timeout_at_ms=None,
         expires_at_ms=now + 120_000,
         causal_context=None,
+        retry_after_seconds=1,
     )
+    handle = await manager.start_scan(spec, provider)  # type: ignore[arg-type]
     revision = 0
     while True:
         status = await manager.wait_for_change(handle.operation_id, revision, 1.0)

@@ -23,11 +23,13 @@ import pytest
 from bluez_mock import BluezController, RecordingSink, bluez
 
 from connector.contract.validate import validate
+from connector.core.admission import SessionSpec
+from connector.core.clock import wall_clock_ms
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter
 from connector.errors import AdmissionError
 from connector.runtime.claims import claim_key
-from connector.runtime.manager import DiscoveryManager, wall_clock_ms
+from connector.runtime.manager import DiscoveryManager
 from providers.base import ObservationSink, ProviderSession, settle
 from providers.ble import BleProvider, BleSession
 
@@ -72,20 +74,21 @@ async def start_scan(
 ) -> str:
     operation_id = random_operation_id(OPERATION_KIND, secrets.token_bytes(16))
     now = wall_clock_ms()
-    await manager.start_scan(
+    spec = SessionSpec(
         operation_id=operation_id,
         owner="alice",
         action_id="device.discovery.scan",
         scope=replace(SCOPE, adapter=adapter),
         profile=profile,
-        provider=provider or BleProvider(),
-        now_ms=now,
+        created_at_ms=now,
         window_end_ms=now + window_ms,
         cut_by_deadline=False,
-        timeout_ms=timeout_ms,
+        timeout_at_ms=None if timeout_ms is None else now + timeout_ms,
         expires_at_ms=now + 60_000,
         causal_context=None,
+        retry_after_seconds=1,
     )
+    await manager.start_scan(spec, provider or BleProvider())
     return operation_id
 
 
@@ -323,7 +326,6 @@ _CONNECTOR = """
 import asyncio, sys
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from connector.errors import AdmissionError
-from providers.base import ObservationSink, ProviderSession, settle
 from providers.ble import BleProvider, BleSession
 
 class Sink:

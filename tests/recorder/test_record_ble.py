@@ -11,10 +11,12 @@ from typing import Any
 import pytest
 from bluez_mock import BluezController, bluez
 
+from connector.core.admission import SessionSpec
+from connector.core.clock import wall_clock_ms
 from connector.core.lifecycle import Status
 from connector.core.observations import BleObservation, Observation
 from connector.core.scope import DiscoveryScope, ScopeFilter
-from connector.runtime.manager import DiscoveryManager, wall_clock_ms
+from connector.runtime.manager import DiscoveryManager
 from connector.runtime.recorder import (
     FixtureFile,
     FixtureHeader,
@@ -224,12 +226,13 @@ async def scan_through_runtime(
     scope = replace(HEART_SCOPE, window_seconds=2)
     async with DiscoveryManager() as manager:
         now_ms = wall_clock_ms()
-        handle = await manager.start_scan(
+        spec = SessionSpec(
             operation_id="deferred:sensorium.directive.invoke:" + "A" * 26, owner="bench",
-            action_id="device.discovery.scan", scope=scope, profile=PROFILE, provider=provider, now_ms=now_ms,
-            window_end_ms=now_ms + 2000, cut_by_deadline=False, timeout_ms=None, expires_at_ms=None,
-            causal_context=None,
+            action_id="device.discovery.scan", scope=scope, profile=PROFILE, created_at_ms=now_ms,
+            window_end_ms=now_ms + 2000, cut_by_deadline=False, timeout_at_ms=None, expires_at_ms=None,
+            causal_context=None, retry_after_seconds=1,
         )
+        handle = await manager.start_scan(spec, provider)
         await wait_until(lambda: handle.status is Status.RUNNING)
         if drive_with is not None:
             drive(drive_with)

@@ -10,9 +10,11 @@ from typing import Any
 
 import anyio
 
+from connector.core.admission import SessionSpec
+from connector.core.clock import wall_clock_ms
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.core.scope import DiscoveryProfile, DiscoveryScope
-from connector.runtime.manager import DiscoveryManager, wall_clock_ms
+from connector.runtime.manager import DiscoveryManager
 from connector.runtime.session import SessionHandle
 from providers.base import Provider
 from runtime.support import PROFILE, ble_scope
@@ -46,20 +48,21 @@ async def start(
     operation_id: str | None = None,
 ) -> SessionHandle:
     now = wall_clock_ms()
-    return await manager.start_scan(
+    spec = SessionSpec(
         operation_id=operation_id or new_operation_id(),
         owner=owner,
         action_id="device.discovery.scan",
         scope=scope or ble_scope(),
         profile=profile,
-        provider=provider,
-        now_ms=now,
+        created_at_ms=now,
         window_end_ms=now + window_ms,
         cut_by_deadline=cut_by_deadline,
-        timeout_ms=timeout_ms,
+        timeout_at_ms=None if timeout_ms is None else now + timeout_ms,
         expires_at_ms=None if expires_in_ms is None else now + expires_in_ms,
         causal_context=CAUSAL,
+        retry_after_seconds=1,
     )
+    return await manager.start_scan(spec, provider)
 
 
 async def poll_to_end(
