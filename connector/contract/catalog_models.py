@@ -24,7 +24,7 @@ from pydantic import (
     model_validator,
 )
 
-from connector.core.observations import Transport
+from connector.contract.transports import Transport
 
 CATALOG_SCHEMA = "sensorium-action-catalog.v1"
 SIGNATURE_SCHEMA = "sensorium-catalog-signature.v1"

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from connector.core.observations import Transport
+from connector.contract.transports import Transport
 from connector.errors import AdmissionError
 
 DEFAULT_ADAPTER = "default"

@@ -128,7 +128,7 @@ def test_concluded_metadata_names_the_host_decided_end(
         if kind == "discovery"
         else command_metadata(op, "running", result={"json": "private"})
     )
-    concluded = documents.concluded_metadata(source, status, code, discovery=kind == "discovery")
+    concluded = documents.concluded_metadata(source, status, code, documents.KIND_RULES[kind])
     assert concluded["status"] == status.value
     assert not {"result", "reason", "retry_after_seconds"} & set(concluded)
     for key, value in expected.items():

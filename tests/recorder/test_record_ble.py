@@ -11,13 +11,7 @@ from typing import Any
 import pytest
 from bluez_mock import BluezController, bluez
 
-from connector.core.admission import SessionSpec
-from connector.core.clock import wall_clock_ms
-from connector.core.lifecycle import Status
-from connector.core.observations import BleObservation, Observation
-from connector.core.scope import DiscoveryScope, ScopeFilter
-from connector.runtime.manager import DiscoveryManager
-from connector.runtime.recorder import (
+from connector.cli.recorder import (
     FixtureFile,
     FixtureHeader,
     Pseudonymiser,
@@ -27,6 +21,12 @@ from connector.runtime.recorder import (
     library_versions,
     recording_scope,
 )
+from connector.core.admission import SessionSpec
+from connector.core.clock import wall_clock_ms
+from connector.core.lifecycle import Status
+from connector.core.observations import BleObservation, Observation
+from connector.core.scope import DiscoveryScope, ScopeFilter
+from connector.runtime.manager import DiscoveryManager
 from providers.base import Provider
 from providers.ble import BleProvider
 from providers.replay import ReplayProvider, ReplaySession
