@@ -186,9 +186,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(log_format, sys.stderr)
     try:
         config = config_from(args)
-        listener = socket.create_server((args.host, args.port), reuse_port=False)
-        # Accepted sockets inherit it: uvicorn writes headers and body separately (no Nagle delay).
-        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        listener = listen(args.host, args.port)
     except (ValueError, OSError) as error:
         return usage_error(str(error))
     try:
@@ -196,6 +194,14 @@ def run(args: argparse.Namespace) -> int:
     except CatalogError as error:
         return usage_error(f"catalog refused ({error.code}): {error.message}")
     return EXIT_OK
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The bound listener; sockets it accepts have TCP_NODELAY."""
+    listener = socket.create_server((host, port), reuse_port=False)
+    # Accepted sockets inherit it: uvicorn writes headers and body separately (no Nagle delay).
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return listener
 
 
 async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:

@@ -50,7 +50,7 @@ def _routes(f: Fixture) -> dict[str, Call]:
     bind_body = {"candidate/ref": f.ref, "idempotency_key": "matrix"}
     return {
         "status": lambda c, h: c.get(op, headers=h),
-        "long poll": lambda c, h: c.get(op, params={"wait_seconds": 5, "after_revision": 99}, headers=h),
+        "long poll": lambda c, h: c.get(op, params={"wait_seconds": 25, "after_revision": 99}, headers=h),
         "cancel": lambda c, h: c.post(op + "/cancel", headers=h),
         "select": lambda c, h: c.post(op + "/selection", json={"candidate/ref": f.ref}, headers=h),
         "bind": lambda c, h: c.post(op + "/bindings", json=bind_body, headers=h),
@@ -101,7 +101,7 @@ async def test_authority_matrix(tmp_path: Path) -> None:
             response = await routes[name](h.client, h.auth("bob"))
             assert_error(response, 404, "unknown-operation")
             assert response.content == unknown[name], name  # no existence leak
-            assert time.monotonic() - started < 2.0, name  # a refused long poll does not wait
+            assert time.monotonic() - started < 10, name  # a refused long poll does not wait (W = 25 s)
         forget = await routes["forget"](h.client, h.auth("bob"))
         assert_error(forget, 404, "unknown-binding")
         assert forget.content == unknown["forget"]
