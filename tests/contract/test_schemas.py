@@ -137,7 +137,7 @@ def test_integers_are_plain_safe_integers(value: object) -> None:
 
 
 def test_integers_stay_plain_behind_a_reference_into_another_schema_file() -> None:
-    # result -> candidate schema (a file naming its $schema) -> common.defs uint16: the wire rules hold there too.
+    # result -> candidate schema (a file naming its $schema) -> common.defs uint16: the wire rules hold.
     path = SCHEMA_DIR / "vectors/sensorium-device-discovery-result.v1/valid/window-complete.json"
     doc = json.loads(path.read_text(encoding="utf-8"))
     doc["candidates"][0]["ble"]["manufacturer_ids"][0] = 0.0
