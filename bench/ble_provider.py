@@ -140,7 +140,7 @@ async def connector_cpu_ns(bluez: BluezController, signals: int, rate: float) ->
         spent = time.process_time_ns() - own + task_cpu_ns(pid) - worker
         wall = time.monotonic() - wall
         manager.cancel(operation_id)
-        await manager.wait_terminal(operation_id, 10)
+        await manager.wait_for_change(operation_id, None, 10)  # after a cancel: returns once terminal
     return spent, wall
 
 
@@ -260,7 +260,7 @@ async def bench_latency(bluez: BluezController, samples: int) -> None:
             latencies.append((time.perf_counter() - sent) * 1000)
             revision = status["progress"]["revision"]
         manager.cancel(operation_id)
-        await manager.wait_terminal(operation_id, 10)
+        await manager.wait_for_change(operation_id, None, 10)  # after a cancel: returns once terminal
     print(
         f"5 signal -> candidate in a long poll: median {statistics.median(latencies):.1f} ms, "
         f"max {max(latencies):.1f} ms (target median <= {PROFILE.min_revision_interval_ms + 50} ms)"

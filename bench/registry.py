@@ -40,15 +40,15 @@ import aiosqlite
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.pop(1)  # run as `python bench/registry.py`, entry 1 is this folder
 
+from connector.contract.canonical import canonical_bytes
 from connector.core.authority import Principal, authenticate
-from connector.core.canonical import canonical_bytes
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.core.lifecycle import Status
 from connector.core.policy import DeferredHostPolicy
-from connector.host.documents import Kind
 from connector.host.metrics import HostMetrics
-from connector.host.port import ActionInfo, Observed
+from connector.host.port import ActionInfo
 from connector.host.service import HostService
+from connector.runtime.kinds import Kind, Observed
 from connector.service.answers import Accepted, Done
 from connector.storage import registry as registry_module
 from connector.storage.registry import DeferredRegistry, OperationRecord

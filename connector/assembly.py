@@ -20,9 +20,9 @@ from connector.api.app import create_app
 from connector.bus.adapter import BusAdapter, BusSettings
 from connector.catalog.loader import load_verified_catalog
 from connector.catalog.signing import VerifiedCatalog
+from connector.contract.transports import Transport
 from connector.core.candidates import format_ms
 from connector.core.clock import to_ms, wall_clock
-from connector.core.observations import Transport
 from connector.core.policy import DeferredHostPolicy
 from connector.core.scope import DiscoveryScope
 from connector.errors import ProviderError

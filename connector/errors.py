@@ -32,21 +32,6 @@ HTTP_STATUS_BY_CODE: Mapping[str, int] = {
     "internal": 500,
 }
 
-# Terminal `error.code` values on statuses (SPEC section 14).
-TERMINAL_ERROR_CODES: frozenset[str] = frozenset(
-    {
-        "provider-unavailable",
-        "provider-failure",
-        "provider-restarted",
-        "cancellation-unconfirmed",
-        "cleanup-unconfirmed",
-        "interrupted-by-restart",
-        "grant-revoked",
-        "response-too-large",
-        "deadline-exceeded",
-    }
-)
-
 
 class SensoriumError(Exception):
     """Root of every error this project raises on purpose; carries a stable `code`."""
@@ -85,12 +70,6 @@ class SensoriumError(Exception):
 def unknown_operation() -> SensoriumError:
     """The one answer for an operation that is not this principal's, never seen, or forgotten."""
     return SensoriumError("unknown operation", code="unknown-operation")
-
-
-class ContractError(SensoriumError):
-    """A document broke its schema or a semantic rule."""
-
-    default_code = "invalid-directive"
 
 
 class AdmissionError(SensoriumError):

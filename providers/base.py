@@ -23,12 +23,11 @@ from typing import Protocol, TypeVar
 
 import anyio
 
-from connector.core.observations import Observation, Transport
+from connector.contract.transports import Transport
+from connector.core.observations import Observation
+from connector.core.policy import PROOF_BOUND_MS
 from connector.core.scope import DiscoveryScope, scope_matcher
 from connector.errors import ProviderError, StopUnconfirmed
-
-# A qualified proof (SPEC 6.7) takes at most this long beyond the cleanup bound.
-PROOF_BOUND_MS = 1000
 
 
 class StopOutcome(StrEnum):

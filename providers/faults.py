@@ -12,7 +12,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from connector.core.observations import Observation, Transport
+from connector.contract.transports import Transport
+from connector.core.observations import Observation
 from connector.core.scope import DiscoveryScope
 from connector.errors import ProviderError, ProviderRestarted
 from providers.base import BaseSession, ObservationSink, ProviderCapabilities, StopOutcome

@@ -132,7 +132,7 @@ class MdnsProvider:
 
     async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> MdnsSession:
         """Choose the interfaces, open the session's engine, start its browser."""
-        if scope.transport != "mdns":
+        if scope.transport != self.capabilities.transport:
             raise ProviderError("scope transport is not mdns")
         if not scope.filters.service_types:
             raise ProviderError("mdns scope has no service_types filter")

@@ -8,16 +8,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any, cast
 
-from connector.core.observations import Transport
+from connector.contract.transports import Transport
+from connector.core.transports import TRANSPORT_FACTS
 from connector.errors import ProviderUnavailable
 from providers.base import Provider
 from providers.replay import FixtureError, ReplayProvider
-
-_REAL_BACKENDS: dict[str, tuple[str, str]] = {
-    "ble": ("providers.ble", "BleProvider"),
-    "usb-serial": ("providers.serial", "SerialProvider"),
-    "mdns": ("providers.mdns", "MdnsProvider"),
-}
 
 
 def build_provider(
@@ -35,27 +30,27 @@ def build_provider(
         if provider.capabilities.transport != transport:
             raise FixtureError("replay fixture transport does not match the scan transport")
         return provider
-    if transport not in _REAL_BACKENDS:
+    if transport not in TRANSPORT_FACTS:
         raise ProviderUnavailable("provider not available for this transport")
-    module_name, class_name = _REAL_BACKENDS[transport]
+    facts = TRANSPORT_FACTS[transport]
+    module_name, class_name = facts.provider
     backend = getattr(_load(module_name), class_name)
-    return cast(Provider, backend(**_options(transport, ble_adapter, mdns_interfaces, every_report)))
+    offered = _offered(ble_adapter, mdns_interfaces, every_report)
+    return cast(Provider, backend(**{option: offered[option] for option in facts.provider_options}))
 
 
-def _options(
-    transport: str,
+def _offered(
     ble_adapter: str | None,
     mdns_interfaces: Sequence[str] | str | None,
-    every_report: bool = False,
+    every_report: bool,
 ) -> dict[str, Any]:
-    """Constructor options the real backend of `transport` takes (`every_report`: a recording's BLE)."""
-    if transport == "ble":
-        return {"adapter": ble_adapter, "every_report": every_report}
-    if transport == "mdns":
-        if mdns_interfaces is None or isinstance(mdns_interfaces, str):
-            return {"interfaces": mdns_interfaces}
-        return {"interfaces": list(mdns_interfaces)}
-    return {}
+    """Every backend option by name; a backend takes those its transport's facts list."""
+    interfaces = (
+        mdns_interfaces
+        if mdns_interfaces is None or isinstance(mdns_interfaces, str)
+        else list(mdns_interfaces)
+    )
+    return {"adapter": ble_adapter, "every_report": every_report, "interfaces": interfaces}
 
 
 def _load(module_name: str) -> ModuleType:

@@ -14,14 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from connector.core.observations import (
-    TRANSPORTS,
-    BleObservation,
-    MdnsObservation,
-    Observation,
-    Transport,
-    UsbObservation,
-)
+from connector.contract.transports import TRANSPORTS, Transport
+from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
 from connector.core.scope import DiscoveryScope
 from connector.errors import ProviderUnavailable
 from providers.base import BaseSession, ObservationSink, ProviderCapabilities

@@ -175,7 +175,7 @@ class SerialProvider:
 
     async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> SerialSession:
         """Start the enumeration worker for `scope`."""
-        if scope.transport != "usb-serial":
+        if scope.transport != self.capabilities.transport:
             raise ProviderError("scope transport is not usb-serial")
         session = SerialSession(scope, sink, self._enumerate, self._poll_interval_s)
         session.start()

@@ -30,15 +30,10 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
-from connector.core.observations import (
-    TRANSPORTS,
-    BleObservation,
-    MdnsObservation,
-    Observation,
-    Transport,
-    UsbObservation,
-)
+from connector.contract.transports import TRANSPORTS, Transport
+from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
 from connector.core.scope import DiscoveryScope
+from connector.core.transports import TRANSPORT_FACTS
 from connector.errors import ProviderRestarted, ProviderUnavailable, SensoriumError
 from providers.base import BaseSession, ObservationSink, ProviderCapabilities
 from providers.replay import LineError, finish_task, parse_observation_line
@@ -97,14 +92,16 @@ def parse_device(transport: Transport, body: Any) -> tuple[Observation, int]:
     if "t_ms" in doc:
         raise _refused("/t_ms", "not-allowed")
     interval = doc.pop("interval_ms", None)
-    if interval is not None and transport != "ble":
+    # Only an event-less transport (BLE: adverts repeat) has an advertising interval.
+    events = TRANSPORT_FACTS[transport].events
+    if interval is not None and events:
         raise _refused("/interval_ms", "ble-only")
     interval_ms = _interval(interval)
-    if transport != "ble":
+    if events:
         event = doc.setdefault("event", "add")
         if event not in ("add", "update"):
             raise _refused("/event", "add-or-update")
-        if transport == "usb-serial":
+        if "update" not in events:
             doc["event"] = "add"
     doc["t_ms"] = 0
     try:

@@ -58,7 +58,6 @@ from connector.bus.messages import (
     unknown_reply,
 )
 from connector.bus.reader import RegistryReader
-from connector.bus.store import AnnouncementStore
 from connector.core import authority
 from connector.core.admission import check_directive, find_action
 from connector.core.clock import wall_clock
@@ -67,6 +66,7 @@ from connector.core.lifecycle import TERMINAL_STATUSES, BusState, Status, is_ter
 from connector.errors import AdmissionError, SensoriumError
 from connector.service.answers import Accepted, Done, public_refusal
 from connector.service.connector import ConnectorService
+from connector.storage.announcements import AnnouncementStore
 from connector.storage.registry import DeferredRegistry, OperationRecord
 
 _log = logging.getLogger("sensorium.bus")
@@ -389,13 +389,12 @@ class BusAdapter:
             return False
         try:
             ref = await self._service.locate(principal, record.operation_id)
-            if ref.kind == "discovery":
-                metadata = self._service.discovery.metadata(record.operation_id)
-                return not is_terminal(Status(metadata["status"])) and "cancellation" not in metadata
         except SensoriumError:  # no longer the connector's (forgotten, revoked)
             return False
-        row = await self._service.commands.operation(record.operation_id)
-        return row is not None and not is_terminal(Status(row.status))
+        observed = await self._service.runtimes[ref.kind].observe(record.operation_id)
+        if observed is None:
+            return False
+        return not is_terminal(Status(observed.status)) and "cancellation" not in observed.metadata
 
     async def _visible(self, principal: authority.Principal, op: str) -> DurableRecord | None:
         """The principal's own retained operation under this handle (or operation id), if its grant holds."""

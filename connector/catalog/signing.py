@@ -18,6 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey,
 from pydantic import BaseModel, ValidationError
 
 from connector.catalog.keys import b64url_decode, b64url_encode, key_id_for
+from connector.contract.canonical import canonical_bytes
 from connector.contract.catalog_models import (
     CATALOG_SCHEMA,
     SIGNATURE_SCHEMA,
@@ -28,7 +29,6 @@ from connector.contract.catalog_models import (
     DeferredProfileModel,
     DiscoveryProfileModel,
 )
-from connector.core.canonical import canonical_bytes
 from connector.core.scope import DiscoveryProfile
 from connector.errors import AdmissionError, CatalogError
 

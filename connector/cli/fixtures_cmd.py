@@ -26,11 +26,7 @@ import anyio
 from anyio.abc import TaskStatus
 
 from connector.cli.main import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, usage_error
-from connector.cli.scan_help import provider_hint
-from connector.core.observations import TRANSPORTS, Transport
-from connector.core.scope import DiscoveryProfile, normalise_service_type, parse_discovery_input
-from connector.errors import AdmissionError, ProviderError, ProviderUnavailable
-from connector.runtime.recorder import (
+from connector.cli.recorder import (
     MAX_RECORDING_SECONDS,
     FixtureFile,
     FixtureHeader,
@@ -42,6 +38,11 @@ from connector.runtime.recorder import (
     recording_scope,
     rfc3339_seconds,
 )
+from connector.cli.scan_help import provider_hint
+from connector.contract.transports import TRANSPORTS, Transport
+from connector.core.scope import DiscoveryProfile, normalise_service_type, parse_discovery_input
+from connector.core.transports import TRANSPORT_FACTS
+from connector.errors import AdmissionError, ProviderError, ProviderUnavailable
 from providers.base import Provider
 from providers.registry import build_provider
 
@@ -147,11 +148,12 @@ def run(args: argparse.Namespace) -> int:
 
 def _check_flags(args: argparse.Namespace) -> None:
     """Transport-specific flags belong to their transport."""
-    if args.service_type and args.transport != "mdns":
+    facts = TRANSPORT_FACTS[args.transport]
+    if args.service_type and "service_types" not in facts.filter_keys:
         raise _Usage("--service-type applies to --transport mdns only")
-    if args.mdns_interfaces is not None and args.transport != "mdns":
+    if args.mdns_interfaces is not None and not facts.takes("interfaces"):
         raise _Usage("--mdns-interfaces applies to --transport mdns only")
-    if args.adapter is not None and args.transport != "ble":
+    if args.adapter is not None and not facts.takes("adapter"):
         raise _Usage("--adapter applies to --transport ble only (USB and mDNS have no adapter to choose)")
 
 
@@ -271,7 +273,7 @@ async def _learn_and_record(
 ) -> int:
     """Learn the mDNS types when none were given, then record."""
     transport: Transport = args.transport
-    if transport == "mdns" and not service_types:
+    if "service_types" in TRANSPORT_FACTS[transport].required_filters and not service_types:
         with ctrl_c.browse:
             service_types = await _learn_service_types(args.mdns_interfaces, args.types_seconds)
         if ctrl_c.pressed:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -22,7 +22,9 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from connector.contract.transports import CONTENT_KEYS, Transport
 from connector.core.scope import DiscoveryScope
+from connector.core.transports import TRANSPORT_FACTS
 
 SPARK: Final = "▁▂▃▄▅▆▇█"
 SPARK_READINGS: Final = 8
@@ -116,13 +118,13 @@ def render_live(
 
 def candidate_table(
     candidates: Sequence[Mapping[str, Any]],
-    transport: str,
+    transport: Transport,
     *,
     history: SignalHistory | None = None,
     max_rows: int | None = None,
 ) -> Table:
     """A table of candidates; the rssi columns only for BLE (the only transport reporting a signal)."""
-    signal = transport == "ble"
+    signal = TRANSPORT_FACTS[transport].signal
     table = Table(show_lines=False, expand=False)
     columns = ["#", "label", "details"] + (["rssi", "recent"] if signal else []) + ["last seen"]
     for column in columns:
@@ -145,14 +147,31 @@ def candidate_table(
 
 def details(candidate: Mapping[str, Any]) -> str:
     """A short transport-specific description (never an address: candidates carry none)."""
-    if "usb" in candidate:
-        usb = candidate["usb"]
-        ids = f"{usb['vid']:04x}:{usb['pid']:04x}" if "vid" in usb and "pid" in usb else "no usb ids"
-        fields = (ids, usb.get("manufacturer", ""), usb.get("product", ""), usb.get("interface", ""))
-        return " ".join(str(part) for part in fields if part)
-    if "mdns" in candidate:
-        return str(candidate["mdns"].get("service_type", ""))
-    ble = candidate.get("ble", {})
+    for transport, describe in _DETAILS.items():
+        if CONTENT_KEYS[transport] in candidate:
+            return describe(candidate[CONTENT_KEYS[transport]])
+    return _ble_details({})
+
+
+def _usb_details(usb: Mapping[str, Any]) -> str:
+    ids = f"{usb['vid']:04x}:{usb['pid']:04x}" if "vid" in usb and "pid" in usb else "no usb ids"
+    fields = (ids, usb.get("manufacturer", ""), usb.get("product", ""), usb.get("interface", ""))
+    return " ".join(str(part) for part in fields if part)
+
+
+def _mdns_details(mdns: Mapping[str, Any]) -> str:
+    return str(mdns.get("service_type", ""))
+
+
+def _ble_details(ble: Mapping[str, Any]) -> str:
     parts = [uuid[4:8] if uuid.endswith(_BLE_BASE_SUFFIX) else uuid for uuid in ble.get("service_uuids", [])]
     parts += [f"mfr 0x{company:04x}" for company in ble.get("manufacturer_ids", [])]
     return ", ".join(parts)
+
+
+# Read from the candidate member of the transport (`CONTENT_KEYS`); a candidate with none reads as BLE.
+_DETAILS: Mapping[Transport, Callable[[Mapping[str, Any]], str]] = {
+    "usb-serial": _usb_details,
+    "mdns": _mdns_details,
+    "ble": _ble_details,
+}

@@ -34,9 +34,10 @@ from connector.cli.live_view import (
 )
 from connector.cli.main import EXIT_CANCELLED, EXIT_FAILED, EXIT_OK, DefaultsHelp, usage_error
 from connector.cli.scan_help import explain_refusal, filter_epilog, provider_hint
+from connector.contract.transports import TRANSPORTS, Transport
 from connector.core.authority import Principal
 from connector.core.clock import wall_clock
-from connector.core.observations import TRANSPORTS
+from connector.core.transports import TRANSPORT_FACTS
 from connector.errors import AdmissionError, CatalogError, ProviderUnavailable, SensoriumError
 
 if TYPE_CHECKING:
@@ -171,7 +172,7 @@ def run(args: argparse.Namespace) -> int:
 
 def _flag_problem(args: argparse.Namespace) -> str | None:
     """Flags that do not fit the transport, and a replay file that cannot be read (with the OS reason)."""
-    if args.adapter is not None and args.transport != "ble":
+    if args.adapter is not None and not TRANSPORT_FACTS[args.transport].takes("adapter"):
         return "--adapter applies to --transport ble only (USB and mDNS have no adapter to choose)"
     if args.replay is not None:
         try:
@@ -217,7 +218,7 @@ def _plan(args: argparse.Namespace) -> ScanPlan:
     """The directive from the flags, admitted against the verified catalog; the provider to use."""
     from connector.catalog.loader import load_verified_catalog
     from connector.cli.catalog_source import catalog_with_fallback
-    from connector.core.scope import scope_input_from_cli
+    from connector.cli.scope_forms import scope_input_from_cli
     from providers.registry import build_provider
 
     raw = scope_input_from_cli(
@@ -376,7 +377,7 @@ def _report(plan: ScanPlan, outcome: _Outcome) -> int:
     return EXIT_FAILED
 
 
-def _print_summary(status: Mapping[str, Any], transport: str, outcome: _Outcome) -> None:
+def _print_summary(status: Mapping[str, Any], transport: Transport, outcome: _Outcome) -> None:
     """Exactly one table with every candidate (after Ctrl-C: the last one seen), then one summary line."""
     console = Console()
     candidates = candidates_of(status)

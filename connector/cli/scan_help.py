@@ -13,6 +13,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
+from connector.contract.transports import TRANSPORTS
 from connector.core.scope import DiscoveryProfile
 from connector.errors import SensoriumError
 
@@ -61,7 +62,7 @@ def keys_for(transport: str) -> list[str]:
 def filter_epilog(profile: DiscoveryProfile | None = None) -> str:
     """The `--help` epilog: every filter key with its form, by transport, and the limits."""
     lines = ["filter and exclusion keys (--filter KEY=VALUE, --exclude KEY=VALUE):"]
-    for transport in ("ble", "usb-serial", "mdns"):
+    for transport in TRANSPORTS:
         lines.append(f"  {transport}:")
         for key in keys_for(transport):
             lines.append(f"    {key:<16} {FILTER_FORMS[key][1]}")

@@ -21,6 +21,7 @@ from connector.api.host_routes import host_router
 from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.bus.messages import Subjects, check_broker_url
 from connector.cli.main import EXIT_OK, EXIT_USAGE, DefaultsHelp, usage_error
+from connector.contract.transports import TRANSPORTS
 from connector.errors import CatalogError
 from connector.service.operations import LiveConnectorOperations
 from connector.storage.files import make_private_dir
@@ -116,7 +117,7 @@ def parse_replays(values: list[str]) -> dict[str, Path]:
     replays: dict[str, Path] = {}
     for value in values:
         transport, sep, path = value.partition("=")
-        if not sep or transport not in ("ble", "usb-serial", "mdns") or not path:
+        if not sep or transport not in TRANSPORTS or not path:
             raise ValueError("--replay takes TRANSPORT=FILE with TRANSPORT one of ble, usb-serial, mdns")
         try:
             load_fixture(path)  # the file and every line checked now, not at the first scan
@@ -185,9 +186,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(log_format, sys.stderr)
     try:
         config = config_from(args)
-        listener = socket.create_server((args.host, args.port), reuse_port=False)
-        # Accepted sockets inherit it: uvicorn writes headers and body separately (no Nagle delay).
-        listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        listener = listen(args.host, args.port)
     except (ValueError, OSError) as error:
         return usage_error(str(error))
     try:
@@ -195,6 +194,14 @@ def run(args: argparse.Namespace) -> int:
     except CatalogError as error:
         return usage_error(f"catalog refused ({error.code}): {error.message}")
     return EXIT_OK
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The bound listener; sockets it accepts have TCP_NODELAY."""
+    listener = socket.create_server((host, port), reuse_port=False)
+    # Accepted sockets inherit it: uvicorn writes headers and body separately (no Nagle delay).
+    listener.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return listener
 
 
 async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
@@ -234,7 +241,7 @@ def known_adapters(assembled: Assembled) -> dict[str, str]:
 
     transports: set[str] = set()
     for action in assembled.catalog.actions.values():
-        if action.action_class == "discovery":
+        if action.discovery is not None:  # a discovery action (the catalog's own test in `discovery_profile`)
             transports.update(assembled.catalog.discovery_profile(action.action_id).transports)
     defaults = {"ble": assembled.config.ble_adapter or DEFAULT_ADAPTER}
     return {transport: defaults.get(transport, DEFAULT_ADAPTER) for transport in sorted(transports)}

@@ -20,11 +20,12 @@ from pydantic import (
     StrictBool,
     StrictInt,
     StrictStr,
+    WithJsonSchema,
     field_validator,
     model_validator,
 )
 
-from connector.core.observations import Transport
+from connector.contract.transports import Transport
 
 CATALOG_SCHEMA = "sensorium-action-catalog.v1"
 SIGNATURE_SCHEMA = "sensorium-catalog-signature.v1"
@@ -64,6 +65,7 @@ UtcTime = Annotated[
     datetime,
     BeforeValidator(_parse_utc_time),
     PlainSerializer(format_utc_time, return_type=str),
+    WithJsonSchema({"type": "string", "pattern": UTC_TIME_PATTERN}),  # what `_parse_utc_time` checks
 ]
 BoundedStr = Annotated[StrictStr, Field(max_length=256)]
 Identifier = Annotated[StrictStr, Field(min_length=1, max_length=128, pattern=ACTION_ID_PATTERN)]

@@ -1,5 +1,7 @@
-"""Pydantic models of every wire document (SPEC 1), mirroring `schemas/` shape for shape.
+"""Pydantic models of every wire document (SPEC 1): the typed documents of `connector.client` and `validate`.
 
+`schemas/` is the canonical shape; `tests/contract/test_model_schemas.py` compares every model with its
+schema (members, required set, consts and enums, types, bounds, patterns), so neither drifts unnoticed.
 Models check shapes only; the cross-field rules live in `connector.contract.semantic`, which both
 validation paths apply. Validate wire input by alias only (`validate_wire`), so that `operation_id` is as
 unknown to a model as it is to the schema; Python code may construct models by field name.

@@ -14,7 +14,7 @@ from typing import Any
 
 from jsonschema import Draft202012Validator, TypeChecker, ValidationError, validators
 from jsonschema.protocols import Validator
-from referencing import Registry, Resource
+from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from connector.contract.patterns import ecma
@@ -72,15 +72,20 @@ def schema_violations(name: str, document: Any) -> list[Violation]:
 @functools.cache
 def _loaded() -> _Loaded:
     documents: dict[str, Mapping[str, Any]] = {}
-    resources: list[tuple[str, Resource[Any]]] = []
+    by_id: dict[str, Mapping[str, Any]] = {}
     for path in sorted(SCHEMA_DIR.glob("*.json")):
         contents = json.loads(path.read_text(encoding="utf-8"))
-        resources.append((contents["$id"], DRAFT202012.create_resource(contents)))
+        by_id[contents["$id"]] = contents
         if path.name.endswith(_SUFFIX):
             documents[path.name.removesuffix(_SUFFIX)] = contents
-    everything = tuple(resource.contents for _, resource in resources)
-    by_id = {uri: resource.contents for uri, resource in resources}
-    return _Loaded(documents, Registry().with_resources(resources), everything, by_id)
+    resources = [(uri, DRAFT202012.create_resource(_without_dialect(c))) for uri, c in by_id.items()]
+    return _Loaded(documents, Registry().with_resources(resources), tuple(by_id.values()), by_id)
+
+
+def _without_dialect(contents: Mapping[str, Any]) -> Mapping[str, Any]:
+    # jsonschema picks the stock validator for a $ref target that names its $schema (Validator.evolve ->
+    # validator_for), dropping the wire rules below; the registry resources are 2020-12 by construction.
+    return {key: value for key, value in contents.items() if key != "$schema"}
 
 
 def _is_integer(checker: TypeChecker, instance: object) -> bool:

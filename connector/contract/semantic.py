@@ -12,9 +12,10 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
+from connector.contract.canonical import canonical_bytes
 from connector.contract.patterns import OPERATION_ID_PATTERN, TIME_PATTERN, ecma
+from connector.contract.transports import CONTENT_KEYS
 from connector.contract.violations import Violation, ordered, pointer
-from connector.core.canonical import canonical_bytes
 
 __all__ = [
     "SEMANTIC_RULES",
@@ -36,7 +37,6 @@ TERMINAL_STATUSES = frozenset({"completed", "failed", "timed-out", "cancelled", 
 STATUSES = NON_TERMINAL_STATUSES | TERMINAL_STATUSES
 _WITHOUT_ERROR = frozenset({"pending", "running", "completed", "cancelled"})
 _PARTIAL_BY_REASON = {"window-complete": False, "limit-reached": True, "deadline-reached": True}
-_DETAIL_BY_TRANSPORT = {"ble": "ble", "usb-serial": "usb", "mdns": "mdns"}
 _CANCEL_REASON = "cancel/unavailable-reason"
 _PROFILE_BY_CLASS = {"discovery": "discovery", "command": "command"}
 
@@ -272,10 +272,11 @@ def _candidate_list(candidates: list[Any], at: str) -> Iterator[Violation]:
 
 
 def _detail_matches_transport(doc: Document) -> Iterator[Violation]:
-    own = _DETAIL_BY_TRANSPORT.get(_str(doc.get("transport")) or "")
+    transport = doc.get("transport")
+    own = next((key for name, key in CONTENT_KEYS.items() if name == transport), None)
     if own is None:
         return
-    for key in ("ble", "usb", "mdns"):
+    for key in CONTENT_KEYS.values():
         if key != own and key in doc:
             yield Violation(pointer(key), "detail-matches-transport")
 

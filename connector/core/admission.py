@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Final, Literal, Protocol, TypeVar
 
+from connector.contract.canonical import canonical_bytes
 from connector.contract.catalog_models import CatalogAction
 from connector.contract.validate import validate
 from connector.core import authority
-from connector.core.canonical import canonical_bytes
 from connector.core.clock import parse_time, to_ms
 from connector.core.commands import CommandAction, check_command_input
 from connector.core.ids import OPERATION_KIND, keyed_operation_id, random_operation_id

@@ -18,7 +18,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from connector.core.observations import TRANSPORTS
+from connector.contract.transports import TRANSPORTS
 from connector.errors import SensoriumError
 
 Role = Literal["caller", "operator"]

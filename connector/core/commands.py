@@ -9,8 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
+from connector.contract.canonical import canonical_bytes
 from connector.contract.catalog_models import CatalogAction
-from connector.core.canonical import canonical_bytes
 from connector.core.policy import retry_after
 from connector.errors import AdmissionError, SensoriumError
 

@@ -6,40 +6,18 @@ Entropy is passed in (the caller owns `secrets.token_bytes`), so every function 
 from __future__ import annotations
 
 import base64
-import binascii
 import hashlib
 import re
-from dataclasses import dataclass
 
-from connector.core.canonical import canonical_bytes
-from connector.errors import SensoriumError
+from connector.contract.canonical import canonical_bytes
 
 OPERATION_KIND = "sensorium.directive.invoke"
 OPERATION_ID_PREFIX = "deferred"
 SUFFIX_BYTES = 16
-SUFFIX_LENGTH = 26
 MIN_OPAQUE_ENTROPY_BYTES = 16
 MAX_OPAQUE_ID_LENGTH = 128
 
 _KIND = re.compile(r"[a-z][a-z0-9_-]*(?:\.[a-z0-9_-]+)*")
-_OPERATION_ID = re.compile(rf"{OPERATION_ID_PREFIX}:(?P<kind>[^:]+):(?P<suffix>[A-Z2-7]{{{SUFFIX_LENGTH}}})")
-
-
-class InvalidOperationId(SensoriumError):
-    """Text that is not an operation id; to a caller this is an operation nobody ever saw."""
-
-    default_code = "unknown-operation"
-
-
-@dataclass(frozen=True, slots=True)
-class OperationId:
-    """A parsed `deferred:<kind>:<suffix>` operation id."""
-
-    kind: str
-    suffix: str
-
-    def __str__(self) -> str:
-        return f"{OPERATION_ID_PREFIX}:{self.kind}:{self.suffix}"
 
 
 def operation_id(kind: str, *, principal_id: str, action_id: str, idempotency_key: str) -> str:
@@ -62,14 +40,6 @@ def random_operation_id(kind: str, entropy: bytes) -> str:
     return _format(kind, entropy)
 
 
-def parse_operation_id(text: str) -> OperationId:
-    """Split a well-formed operation id; anything else raises `InvalidOperationId`."""
-    match = _OPERATION_ID.fullmatch(text)
-    if match is None or _KIND.fullmatch(match["kind"]) is None or not _canonical_suffix(match["suffix"]):
-        raise InvalidOperationId("operation id is not well formed")
-    return OperationId(kind=match["kind"], suffix=match["suffix"])
-
-
 def opaque_id(entropy: bytes) -> str:
     """A random url-safe id (base64url, no padding) for candidate refs, binding ids and correlation ids."""
     if len(entropy) < MIN_OPAQUE_ENTROPY_BYTES:
@@ -89,11 +59,3 @@ def _format(kind: str, raw: bytes) -> str:
 def _b32(raw: bytes) -> str:
     return base64.b32encode(raw).rstrip(b"=").decode("ascii")
 
-
-def _canonical_suffix(suffix: str) -> bool:
-    # 26 characters carry 130 bits; only one spelling of the 128-bit value (last 2 bits zero) is valid.
-    try:
-        raw = base64.b32decode(suffix + "=" * 6)
-    except binascii.Error:
-        return False
-    return len(raw) == SUFFIX_BYTES and _b32(raw) == suffix

@@ -11,9 +11,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any, Literal, NamedTuple
 
-Transport = Literal["ble", "usb-serial", "mdns"]
-TRANSPORTS: tuple[Transport, ...] = ("ble", "usb-serial", "mdns")
-
+from connector.contract.transports import Transport
 
 _NO_PAYLOAD: Mapping[Any, bytes] = MappingProxyType({})
 

@@ -97,6 +97,10 @@ class DeferredHostPolicy:
         return active_operations < self.max_operations_per_principal
 
 
+# SPEC 6.7: the qualified stop proof takes at most 1 s beyond cleanup_timeout_ms.
+PROOF_BOUND_MS = 1000
+
+
 def retry_after(deferred_profile: DeferredProfileModel | None) -> int:
     """The connector's retry hint for an action: its deferred profile's, else the default (a 0 stays 0)."""
     hint = None if deferred_profile is None else deferred_profile.retry_after_seconds
@@ -109,7 +113,7 @@ def discovery_window_end(
     caller_deadline: datetime | None,
     cleanup_timeout_ms: int,
 ) -> tuple[datetime, bool]:
-    """The window's end and whether the caller's deadline (less the cleanup budget) cut it."""
+    """The window's end and whether the caller's deadline (less cleanup and proof budgets, SPEC 3) cut it."""
     _require_aware(start)
     if window_seconds < 0 or cleanup_timeout_ms < 0:
         raise ValueError("window_seconds and cleanup_timeout_ms must be >= 0")
@@ -117,7 +121,7 @@ def discovery_window_end(
     if caller_deadline is None:
         return own_end, False
     _require_aware(caller_deadline)
-    cut = caller_deadline - timedelta(milliseconds=cleanup_timeout_ms)
+    cut = caller_deadline - timedelta(milliseconds=cleanup_timeout_ms + PROOF_BOUND_MS)
     if cut >= own_end:
         return own_end, False
     return max(cut, start), True

@@ -39,6 +39,7 @@ from connector.core.scope import (
     scope_matcher,
     scope_predicate,
 )
+from connector.core.transports import TRANSPORT_FACTS
 
 LIMIT_REACHED: Final = "limit-reached"
 RSSI_RESERVED_CHARS: Final = 4
@@ -199,7 +200,8 @@ class CandidateTable:
         self._transport = scope.transport
         self._match: Callable[[Any], bool] = scope_matcher(scope)
         self._present: Callable[[Any], bool] = scope_predicate(scope)
-        self._ble_kind: type | None = BleObservation if scope.transport == "ble" else None
+        observed = TRANSPORT_FACTS[scope.transport].observation
+        self._ble_kind: type | None = BleObservation if observed is BleObservation else None
         self._ttl_ms = profile.candidate_ttl_seconds * 1000
         self._interval_ms = profile.min_revision_interval_ms
         self._max_revisions = profile.max_revisions

@@ -159,19 +159,14 @@ class ContinuationStore:
         self._metrics = metrics
         self._hook: ResumeHook | None = None
 
-    def set_hook(self, hook: ResumeHook) -> Callable[[], None]:
-        """Install the flow runtime's resume hook; returns an undo function."""
+    async def install(self, hook: ResumeHook) -> Callable[[], None]:
+        """Install the resume hook and settle every flow that ended without one; returns an undo function."""
         self._hook = hook
 
         def undo() -> None:
             if self._hook is hook:
                 self._hook = None
 
-        return undo
-
-    async def install(self, hook: ResumeHook) -> Callable[[], None]:
-        """Install the hook and settle every flow whose operation ended while none was installed."""
-        undo = self.set_hook(hook)
         await self.settle_pending()
         return undo
 

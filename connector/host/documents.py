@@ -14,13 +14,16 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Final, Literal
+from types import MappingProxyType
+from typing import Any, Final
 
 from connector.core.clock import format_time
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import Status, is_terminal
 from connector.core.projections import ERROR_MESSAGES
+from connector.runtime.kinds import Kind
 from connector.storage.registry import HistoryEvent, OperationRecord
 
 OWNER_MODULE_ID: Final = "sensorium-os"
@@ -36,12 +39,40 @@ _MESSAGES: Final[Mapping[str, str]] = {
 }
 _STATUS_CODE = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
 
-Kind = Literal["discovery", "command"]
+@dataclass(frozen=True, slots=True)
+class KindRules:
+    """How the host rebuilds and ends the operations of one kind (the one place it tells them apart)."""
+
+    # The status version it rebuilds from metadata (2: a scan's, with cleanup and the erased result shape).
+    status_version: int
+    # Whether its durable metadata names an error by `error_code` (a scan) rather than an `error` object.
+    error_code_field: bool
+    # Whether stopping it waits for a process to exit (a command): a poller must not wait with it.
+    stop_waits: bool
+    # Whether its end is mirrored after a restart (a command); otherwise the restart interrupted it.
+    survives_restart: bool
+
+
+KIND_RULES: Mapping[Kind, KindRules] = MappingProxyType(
+    {
+        "discovery": KindRules(
+            status_version=2, error_code_field=True, stop_waits=False, survives_restart=False
+        ),
+        "command": KindRules(
+            status_version=1, error_code_field=False, stop_waits=True, survives_restart=True
+        ),
+    }
+)
 
 
 def kind_of(record: OperationRecord) -> Kind:
     """Discovery metadata always carries its redacted scope; a command's never does."""
     return "discovery" if "scope" in record.metadata else "command"
+
+
+def rules_of(record: OperationRecord) -> KindRules:
+    """The rules of a record's kind."""
+    return KIND_RULES[kind_of(record)]
 
 
 def transport_of(record: OperationRecord) -> str | None:
@@ -108,7 +139,7 @@ def deferred_handle(
 
 
 def concluded_metadata(
-    metadata: Mapping[str, Any], status: Status, error_code: str | None, *, discovery: bool
+    metadata: Mapping[str, Any], status: Status, error_code: str | None, rules: KindRules
 ) -> dict[str, Any]:
     """Durable metadata for an end the host decided (expired, unknown, response-too-large)."""
     concluded = {k: v for k, v in metadata.items() if k not in ("result", "retry_after_seconds", "reason")}
@@ -116,7 +147,7 @@ def concluded_metadata(
     concluded.pop("error_code", None)
     concluded.pop("error", None)
     if error_code is not None and status.value in _ERROR_STATUSES:
-        if discovery:
+        if rules.error_code_field:
             concluded["error_code"] = error_code
         else:
             concluded["error"] = {"code": error_code, "message": error_message(error_code)}
@@ -157,10 +188,10 @@ def record_document(
     record: OperationRecord, *, diagnostics: Sequence[Mapping[str, str]] = ()
 ) -> dict[str, Any]:
     """A status the host builds from durable metadata: v2 for discovery, v1 for commands."""
-    discovery = kind_of(record) == "discovery"
+    version = rules_of(record).status_version
     document: dict[str, Any] = {
-        "schema": "deferred-operation-status.v2" if discovery else "deferred-operation-status.v1",
-        "schema/v": 2 if discovery else 1,
+        "schema": f"deferred-operation-status.v{version}",
+        "schema/v": version,
         "operation/id": record.operation_id,
         "operation/kind": record.operation_kind,
         "status": record.status,
@@ -179,7 +210,7 @@ def record_document(
         document["diagnostics"].append(
             {"code": "unknown-operation", "message": "the connector no longer knows this operation"}
         )
-    if discovery:
+    if version == 2:
         _discovery_parts(document, record)
     elif record.status == "completed":
         document["diagnostics"].append(

@@ -7,17 +7,12 @@ see it" (the host checks authority itself, against its own registry row).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from connector.core import authority
-from connector.core.lifecycle import Status, is_terminal
 from connector.core.policy import retry_after
-from connector.core.projections import command_metadata
-from connector.errors import SensoriumError
-from connector.host.documents import Kind
-from connector.runtime.manager import UnknownOperation
+from connector.runtime.kinds import Kind, Observed
 from connector.service.answers import Accepted, Done
 from connector.service.connector import ConnectorService
 
@@ -30,16 +25,6 @@ class ActionInfo:
     kind: Kind
     retry_after_seconds: int
     preferred_max_ttl_seconds: int | None
-
-
-@dataclass(frozen=True, slots=True)
-class Observed:
-    """One look at an operation: its status, durable metadata and (commands only) the full status."""
-
-    status: str
-    metadata: Mapping[str, Any]
-    retry_hint: int | None = None
-    document: Mapping[str, Any] | None = None
 
 
 class ConnectorPort(Protocol):
@@ -76,6 +61,7 @@ class InProcessConnector:
 
     def __init__(self, service: ConnectorService) -> None:
         self.service = service
+        self.runtimes = service.runtimes
 
     def authenticate(self, token: str | None) -> authority.Principal:
         """The principal behind a bearer token, after picking up a changed principals file."""
@@ -89,7 +75,7 @@ class InProcessConnector:
         profile = action.deferred_profile
         return ActionInfo(
             action_id=action_id,
-            kind="discovery" if action.action_class == "discovery" else "command",
+            kind=action.action_class,
             retry_after_seconds=retry_after(profile),
             preferred_max_ttl_seconds=profile.preferred_max_ttl_seconds if profile else None,
         )
@@ -102,76 +88,26 @@ class InProcessConnector:
 
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
         """Durable metadata: the SPEC 7 projection for discovery, the status without result for commands."""
-        if kind == "discovery":
-            try:
-                metadata = self.service.discovery.metadata(operation_id)
-            except UnknownOperation:
-                return None
-            return Observed(str(metadata["status"]), metadata)
-        document = await self._command_status(operation_id)
-        if document is None:
-            return None
-        hint = document.get("retry_after_seconds")
-        return Observed(
-            str(document["status"]),
-            command_metadata(document),
-            hint if isinstance(hint, int) else None,
-            document,
-        )
+        return await self.runtimes[kind].observe(operation_id)
 
     async def caller_status(
         self, operation_id: str, kind: Kind, *, wait_seconds: float | None, after_revision: int | None
     ) -> dict[str, Any] | None:
         """What the owning caller reads (every candidate in it counts as disclosed)."""
         wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), 30.0))
-        if kind == "command":
-            if not await self._known_command(operation_id):
-                return None
-            return await self.service.commands.wait_status(operation_id, wait or 0.0)
-        try:
-            if wait:
-                document = await self.service.discovery.wait_for_change(operation_id, after_revision, wait)
-            else:
-                document = self.service.discovery.status(operation_id)
-        except UnknownOperation:
-            return None
-        return self._delivered(operation_id, document)
+        document = await self.runtimes[kind].wait(operation_id, after_revision, wait or 0.0)
+        return None if document is None else self._delivered(operation_id, document)
 
     async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
         """Discovery: the cancel is recorded and the stop begins; commands: waits for the confirmed end."""
-        if kind == "discovery":
-            try:
-                return self._delivered(operation_id, self.service.discovery.cancel(operation_id))
-            except UnknownOperation:
-                return None
-        if not await self._known_command(operation_id):
-            return None
-        return await self.service.commands.cancel(operation_id)
+        document = await self.runtimes[kind].cancel(operation_id)
+        return None if document is None else self._delivered(operation_id, document)
 
     async def stop(self, operation_id: str, kind: Kind, error_code: str) -> None:
         """Discovery: terminate the session (cleanup per SPEC 6.7); commands: cancel cancelable work."""
-        if kind == "discovery":
-            try:
-                self.service.discovery.terminate(operation_id, error_code=error_code)
-            except UnknownOperation:
-                return
-            return
-        row = await self.service.commands.operation(operation_id)
-        if row is not None and row.cancelable and not is_terminal(Status(row.status)):
-            await self.service.commands.cancel(operation_id)
+        await self.runtimes[kind].stop(operation_id, error_code)
 
     def _delivered(self, operation_id: str, document: dict[str, Any]) -> dict[str, Any]:
         """The caller-private status leaves for the host's caller: its candidates count as disclosed."""
         self.service.discovery.mark_disclosed(operation_id, document)
         return document
-
-    async def _known_command(self, operation_id: str) -> bool:
-        return await self.service.commands.operation(operation_id) is not None
-
-    async def _command_status(self, operation_id: str) -> dict[str, Any] | None:
-        try:
-            return await self.service.commands.status(operation_id)
-        except SensoriumError as error:
-            if error.code == "unknown-operation":
-                return None
-            raise

@@ -26,9 +26,9 @@ from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Any
 
+from connector.contract.canonical import canonical_bytes, sha256_hex
 from connector.core import authority
 from connector.core.admission import caller_deadline
-from connector.core.canonical import canonical_bytes, sha256_hex
 from connector.core.clock import wall_clock
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import IllegalTransition, Status, is_terminal
@@ -36,10 +36,11 @@ from connector.core.policy import DeferredHostPolicy
 from connector.errors import SensoriumError, unknown_operation
 from connector.host import documents
 from connector.host.continuations import ContinuationStore
-from connector.host.documents import DEADLINE_EXCEEDED, RESPONSE_TOO_LARGE, Kind, kind_of
+from connector.host.documents import DEADLINE_EXCEEDED, RESPONSE_TOO_LARGE, kind_of, rules_of
 from connector.host.metrics import HostMetrics
-from connector.host.port import ActionInfo, ConnectorPort, InProcessConnector, Observed
+from connector.host.port import ActionInfo, ConnectorPort, InProcessConnector
 from connector.host.receipts import record_receipt
+from connector.runtime.kinds import Kind, Observed
 from connector.service.answers import Accepted, Done
 from connector.service.connector import ConnectorService
 from connector.storage.registry import DEFAULT_RETENTION, DeferredRegistry, OperationRecord
@@ -341,8 +342,7 @@ class HostService:
         return await self._conclude(fresh, Status.EXPIRED, DEADLINE_EXCEEDED, now, attempts=attempts)
 
     async def _stop_work(self, op_id: str, kind: Kind, code: str) -> None:
-        if kind == "command" and self.spawn is not None:
-            # A command's stop waits for the process to exit; the poller must not wait with it.
+        if documents.KIND_RULES[kind].stop_waits and self.spawn is not None:
             self.spawn(lambda: self._stop_quietly(op_id, kind, code))
             return
         await self._stop_quietly(op_id, kind, code)
@@ -364,9 +364,7 @@ class HostService:
         attempts: int | None = None,
     ) -> OperationRecord:
         """An end the host decided (expired, unknown, response-too-large), from durable metadata."""
-        metadata = documents.concluded_metadata(
-            record.metadata, status, error_code, discovery=kind_of(record) == "discovery"
-        )
+        metadata = documents.concluded_metadata(record.metadata, status, error_code, rules_of(record))
         return await self.registry.record_status(
             record.operation_id,
             status=status.value,
@@ -411,13 +409,13 @@ class HostService:
         """
         now = now or self.clock()
         open_rows = await self._non_terminal()
-        discovery = {r.capability_id for r in open_rows if kind_of(r) == "discovery"}
-        marked = await self.registry.mark_interrupted(now, capability_ids=discovery) if discovery else []
+        interrupted = {r.capability_id for r in open_rows if not rules_of(r).survives_restart}
+        marked = await self.registry.mark_interrupted(now, capability_ids=interrupted) if interrupted else []
         for record in marked:
             self.metrics.terminal.labels(record.status).inc()
         mirrored = []
         for record in open_rows:
-            if kind_of(record) == "command":
+            if rules_of(record).survives_restart:
                 ended = await self.poll(record, now)
                 if ended.last_error == "interrupted-by-restart":
                     mirrored.append(ended)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from connector.core.observations import Transport
+from connector.contract.transports import Transport
 from connector.errors import AdmissionError
 
 DEFAULT_ADAPTER = "default"
@@ -90,7 +90,7 @@ class ClaimRegistry:
 
     def postpone(self, claim: Claim, expected_release_ms: int) -> None:
         """Cleanup became uncertain: the claim now blocks its key, expected to release at the given time."""
-        if not self.is_held(claim):
+        if not self._held(claim):
             return
         self._blocking.setdefault(claim.key, {})[claim.operation_id] = expected_release_ms
         self._uncertain.setdefault(claim.key, set()).add(claim.operation_id)
@@ -99,7 +99,7 @@ class ClaimRegistry:
         """The first operation that blocks `key` (exclusive, or shared with uncertain cleanup), if any."""
         return next(iter(self._blocking.get(key, {})), None)
 
-    def is_held(self, claim: Claim) -> bool:
+    def _held(self, claim: Claim) -> bool:
         """True while this claim is still held by its operation."""
         if claim.operation_id in self._blocking.get(claim.key, {}):
             return True

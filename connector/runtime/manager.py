@@ -361,10 +361,6 @@ class DiscoveryManager:
         """The durable projection (SPEC 7): no candidates, refs, labels or identity selectors."""
         return durable_metadata(self._get(operation_id).view())
 
-    def current_revision(self, operation_id: str) -> int:
-        """The latest revision number of an operation (0 before the first)."""
-        return self._get(operation_id).revision
-
     async def wait_for_change(
         self, operation_id: str, after_revision: int | None, timeout_s: float
     ) -> dict[str, Any]:
@@ -401,13 +397,6 @@ class DiscoveryManager:
                 # A retained result is candidate data too: a revocation invalidates it at once.
                 session.erase_result()
         return ended
-
-    async def wait_terminal(self, operation_id: str, timeout_s: float = math.inf) -> dict[str, Any]:
-        """Wait until an operation is terminal (or the timeout passes) and return its status."""
-        session = self._get(operation_id)
-        with anyio.move_on_after(timeout_s):
-            await session.finished.wait()
-        return self.status(operation_id)
 
 
 async def resolved_adapter(provider: Provider, scope: DiscoveryScope) -> str | None:

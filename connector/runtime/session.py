@@ -372,10 +372,6 @@ class DiscoverySession:
         self._touch()
         self._emit("cleanup-confirmed")
 
-    def cleanup_acknowledged_late(self) -> None:
-        """A background retry saw the acknowledgement: cleanup confirmed, claim released."""
-        self.cleanup_confirmed_late(StopResult.ACKNOWLEDGED)
-
     # ---- time ----------------------------------------------------------------------------------------------
 
     def _hard_deadline_ms(self) -> int | None:

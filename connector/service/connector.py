@@ -24,7 +24,8 @@ from connector.core.policy import DeferredHostPolicy
 from connector.core.projections import status_from_durable
 from connector.errors import AdmissionError, SensoriumError, unknown_operation
 from connector.runtime.commands import CommandRunner
-from connector.runtime.manager import DiscoveryManager, UnknownOperation
+from connector.runtime.kinds import Kind, operation_runtimes
+from connector.runtime.manager import DiscoveryManager
 from connector.service.answers import Accepted, Created, Done, Gone
 from connector.service.bindings import Bindings, bind_request, refuse_erased
 from connector.storage.principals import PrincipalDirectory
@@ -57,7 +58,7 @@ class OperationRef:
     """Where an operation lives and whose it is."""
 
     operation_id: str
-    kind: str  # "discovery" | "command"
+    kind: Kind
     owner: str
     action_id: str
     transport: str | None
@@ -84,6 +85,7 @@ class ConnectorService:
         self.principals = principals
         self.discovery = discovery
         self.commands = commands
+        self.runtimes = operation_runtimes(discovery, commands)
         self.state = state
         self._providers = providers
         self.policy = policy or DeferredHostPolicy()
@@ -320,12 +322,10 @@ class ConnectorService:
         wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
         if not wait:
             return self._deliver(op_id, await self._current_status(ref))
-        if ref.kind == "command":
-            document = await self.commands.wait_status(op_id, wait)
-        elif ref.record is not None:
-            document = await self._discovery_status(ref)  # ended: nothing will change any more
-        else:
-            document = await self._wait_for_change(ref, after_revision, wait)
+        waited = None
+        if ref.record is None:  # an ended scan (its record) will not change any more
+            waited = await self.runtimes[ref.kind].wait(op_id, after_revision, wait)
+        document = waited if waited is not None else await self._current_status(ref)
         delivered = self._deliver(op_id, document)
         # Authority is checked again after the wait: a revocation meanwhile answers as for anyone else.
         await self.locate(self.authenticate(token), op_id)
@@ -337,16 +337,10 @@ class ConnectorService:
         return Done(document)
 
     async def _current_status(self, ref: OperationRef) -> dict[str, Any]:
-        if ref.kind == "command":
-            return await self.commands.status(ref.operation_id)
-        return await self._discovery_status(ref)
-
-    async def _discovery_status(self, ref: OperationRef) -> dict[str, Any]:
-        """From the session while the runtime holds it, else from the durable record (SPEC 7 only)."""
-        try:
-            return self.discovery.status(ref.operation_id)
-        except UnknownOperation:
-            pass
+        """From the runtime while it holds the operation, else from a scan's durable record (SPEC 7 only)."""
+        document = await self.runtimes[ref.kind].status(ref.operation_id)
+        if document is not None:
+            return document
         record = ref.record if ref.record is not None else await self.state.get_discovery(ref.operation_id)
         if record is None:
             raise unknown_operation()
@@ -354,22 +348,13 @@ class ConnectorService:
             record.metadata, final_revision=record.final_revision, causal_context=record.causal_context
         )
 
-    async def _wait_for_change(
-        self, ref: OperationRef, after_revision: int | None, wait: float
-    ) -> dict[str, Any]:
-        try:
-            return await self.discovery.wait_for_change(ref.operation_id, after_revision, wait)
-        except UnknownOperation:  # the session left memory meanwhile: its record answers
-            return await self._discovery_status(ref)
-
     async def cancel(self, token: str | None, op_id: str) -> Done:
         """POST /v1/operations/{id}/cancel: the status after the request."""
         ref = await self.locate(self.authenticate(token), op_id)
-        if ref.kind == "command":
-            return self._deliver(op_id, await self.commands.cancel(op_id))
-        if self.discovery.find(op_id) is not None:
-            return self._deliver(op_id, self.discovery.cancel(op_id))
-        return self._deliver(op_id, await self._discovery_status(ref))  # ended: the unchanged status
+        document = await self.runtimes[ref.kind].cancel(op_id)
+        if document is None:  # ended: the unchanged status
+            document = await self._current_status(ref)
+        return self._deliver(op_id, document)
 
     async def select(self, token: str | None, op_id: str, body: Any) -> Done:
         """POST /v1/operations/{id}/selection: remember a candidate of a running snapshot (memory only)."""
@@ -384,10 +369,10 @@ class ConnectorService:
         ref = await self.locate(principal, op_id)
         authority.require_grant(principal, ref.action_id, ref.transport)
         candidate_ref, key = bind_request(body)
-        if ref.kind != "discovery":
+        if not self.runtimes[ref.kind].bindable:
             raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
         if self.discovery.find(op_id) is None:
-            refuse_erased(Status((await self._discovery_status(ref))["status"]))
+            refuse_erased(Status((await self._current_status(ref))["status"]))
         return await self.bindings.bind(principal, op_id, candidate_ref, key)
 
     async def forget(self, token: str | None, binding_id: str) -> Gone:

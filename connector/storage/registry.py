@@ -27,13 +27,12 @@ from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
-from types import TracebackType
 from typing import Any
 
 import aiosqlite
 import anyio
 
-from connector.core.canonical import canonical_bytes
+from connector.contract.canonical import canonical_bytes
 from connector.core.clock import from_ms, to_ms, wall_clock
 from connector.core.lifecycle import (
     INTERRUPTED_BY_RESTART,
@@ -45,7 +44,7 @@ from connector.core.lifecycle import (
     is_terminal,
 )
 from connector.errors import SensoriumError
-from connector.storage.sqlite import open_database
+from connector.storage.sqlite import SqliteStore
 
 REGISTRY_RELATIVE_PATH = Path("storage") / "deferred-operations.sqlite"
 DEFAULT_RETENTION = timedelta(days=7)
@@ -163,11 +162,6 @@ def canonical(value: Mapping[str, Any]) -> bytes:
         except UnicodeEncodeError:  # a lone surrogate: let rfc8785 refuse it
             pass
     return canonical_bytes(document)
-
-
-def metadata_digest(metadata: Mapping[str, Any]) -> str:
-    """SHA-256 hex over the canonical bytes of durable metadata (the only thing history ever hashes)."""
-    return hashlib.sha256(canonical(metadata)).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,43 +337,21 @@ _UPDATE_SQL: Mapping[Status, str] = {
 }
 
 
-class DeferredRegistry:
+class DeferredRegistry(SqliteStore):
     """The host's SQLite registry (`await DeferredRegistry.open(data_dir)`, or `async with`)."""
 
+    RELATIVE_PATH = REGISTRY_RELATIVE_PATH
+    MIGRATIONS = MIGRATIONS
+    WHAT = "registry database"
+    ERROR = RegistryError
+
     def __init__(self, connection: aiosqlite.Connection, path: Path) -> None:
-        self._db = connection
+        super().__init__(connection, path)
         # Serialises writes on the one connection (explicit transactions must not interleave); uncontended,
         # it costs no trip through the event loop.
         self._lock = anyio.Lock(fast_acquire=True)
         self._listeners: builtins.list[TerminalListener] = []
         self._fixed: OrderedDict[str, _Fixed] = OrderedDict()
-        self.path = path
-
-    @classmethod
-    async def open(cls, data_dir: Path) -> DeferredRegistry:
-        """Open (creating and migrating) the registry under `data_dir`."""
-        path = Path(data_dir) / REGISTRY_RELATIVE_PATH
-        connection = await open_database(path, MIGRATIONS, what="registry database", error=RegistryError)
-        registry = cls(connection, path)
-        return registry
-
-    async def __aenter__(self) -> DeferredRegistry:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Checkpoint the WAL into the database file and close the connection (always closes it)."""
-        async with self._writing():
-            try:
-                if self._db.in_transaction:  # only a crashed write could leave one open
-                    await self._db.execute("ROLLBACK")
-                await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            finally:
-                await self._db.close()
 
     @asynccontextmanager
     async def _writing(self) -> AsyncIterator[None]:
@@ -387,18 +359,6 @@ class DeferredRegistry:
         with anyio.CancelScope(shield=True):
             async with self._lock:
                 yield
-
-    async def checkpoint(self) -> None:
-        """Copy the WAL into the database file and truncate the WAL to zero bytes."""
-        async with self._writing():
-            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-
-    async def pragma(self, name: str) -> Any:
-        """Read one PRAGMA value (health checks and tests)."""
-        if not name.isidentifier():
-            raise RegistryError("pragma name is malformed")
-        rows = await self._db.execute_fetchall(f"PRAGMA {name}")
-        return next(iter(rows), (None,))[0]
 
     # ---- writes --------------------------------------------------------------------------------------------
 

@@ -1,13 +1,21 @@
-"""One way to open this project's SQLite files: private mode, WAL, full fsync, secure delete, migrations."""
+"""One way to open this project's SQLite files: private mode, WAL, full fsync, secure delete, migrations.
+
+`SqliteStore` is the base of the three stores (connector state, host registry, Bus announcements): one
+connection, one write lock, opened, checkpointed and closed the same way.
+"""
 
 from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
 from pathlib import Path
+from types import TracebackType
+from typing import Any, ClassVar, Self
 
 import aiosqlite
+import anyio
 
 from connector.errors import SensoriumError
 from connector.storage.files import make_private_dir
@@ -57,3 +65,60 @@ async def _migrate(
         await connection.executescript(
             f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;"
         )
+
+
+class SqliteStore:
+    """One SQLite file under a data dir (use `await Store.open(data_dir)`, or `async with` on it)."""
+
+    RELATIVE_PATH: ClassVar[Path]
+    MIGRATIONS: ClassVar[Sequence[str]]
+    WHAT: ClassVar[str]
+    ERROR: ClassVar[type[SensoriumError]] = SensoriumError
+
+    def __init__(self, connection: aiosqlite.Connection, path: Path) -> None:
+        self._db = connection
+        self._lock = anyio.Lock()
+        self.path = path
+
+    @classmethod
+    async def open(cls, data_dir: Path) -> Self:
+        """Open (creating and migrating) the store's file under `data_dir`."""
+        path = Path(data_dir) / cls.RELATIVE_PATH
+        connection = await open_database(path, cls.MIGRATIONS, what=cls.WHAT, error=cls.ERROR)
+        return cls(connection, path)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        await self.aclose()
+
+    async def aclose(self) -> None:
+        """Checkpoint the WAL into the database file and close the connection (always closes it)."""
+        async with self._writing():
+            try:
+                if self._db.in_transaction:  # only a crashed write could leave one open
+                    await self._db.execute("ROLLBACK")
+                await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            finally:
+                await self._db.close()
+
+    @asynccontextmanager
+    async def _writing(self) -> AsyncIterator[None]:
+        """The write lock (a store whose writes must never be cut in half shields it)."""
+        async with self._lock:
+            yield
+
+    async def checkpoint(self) -> None:
+        """Copy the WAL into the database file and truncate the WAL to zero bytes."""
+        async with self._writing():
+            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+
+    async def pragma(self, name: str) -> Any:
+        """Read one PRAGMA value (health checks and tests)."""
+        if not name.isidentifier():
+            raise self.ERROR("pragma name is malformed", code="internal")
+        rows = await self._db.execute_fetchall(f"PRAGMA {name}")
+        return next(iter(rows), (None,))[0]

@@ -19,15 +19,13 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
 from typing import Any, Literal
 
 import aiosqlite
-import anyio
 
 from connector.core.clock import format_time, parse_time
 from connector.errors import SensoriumError
-from connector.storage.sqlite import open_database
+from connector.storage.sqlite import SqliteStore
 
 STATE_RELATIVE_PATH = Path("modules") / "sensorium-os" / "state.sqlite"
 
@@ -162,48 +160,12 @@ _OPERATION_COLUMNS = (
 )
 
 
-class ConnectorState:
+class ConnectorState(SqliteStore):
     """The connector's SQLite store (use `await ConnectorState.open(data_dir)` or `async with`)."""
 
-    def __init__(self, connection: aiosqlite.Connection, path: Path) -> None:
-        self._db = connection
-        self._lock = anyio.Lock()
-        self.path = path
-
-    @classmethod
-    async def open(cls, data_dir: Path) -> ConnectorState:
-        """Open (creating and migrating) the state database under `data_dir`."""
-        path = Path(data_dir) / STATE_RELATIVE_PATH
-        connection = await open_database(path, MIGRATIONS, what="state database")
-        state = cls(connection, path)
-        return state
-
-    async def __aenter__(self) -> ConnectorState:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Checkpoint the WAL into the database file and close the connection."""
-        async with self._lock:
-            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            await self._db.close()
-
-    async def pragma(self, name: str) -> Any:
-        """Read one PRAGMA value (for health checks and tests)."""
-        if not name.isidentifier():
-            raise SensoriumError("pragma name is malformed", code="internal")
-        async with self._db.execute(f"PRAGMA {name}") as cursor:
-            row = await cursor.fetchone()
-        return None if row is None else row[0]
-
-    async def checkpoint(self) -> None:
-        """Copy the WAL into the database file and truncate the WAL to zero bytes."""
-        async with self._lock:
-            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    RELATIVE_PATH = STATE_RELATIVE_PATH
+    MIGRATIONS = MIGRATIONS
+    WHAT = "state database"
 
     async def compact(self) -> None:
         """Rebuild the file (VACUUM) and truncate the WAL: no freed page keeps bytes of cleared values.

@@ -10,7 +10,6 @@ Rules of this file:
 
 from __future__ import annotations
 
-import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -75,11 +74,6 @@ class LifecycleEvent:
 def format_text(fields: Mapping[str, Any]) -> str:
     """`key=value` pairs on one line (values are slugs and integers: nothing needs quoting)."""
     return " ".join(f"{key}={value}" for key, value in fields.items())
-
-
-def format_json(fields: Mapping[str, Any]) -> str:
-    """The same pairs as one compact JSON object."""
-    return json.dumps(dict(fields), separators=(",", ":"), sort_keys=False)
 
 
 def safe_word(value: object) -> str | None:

@@ -19,12 +19,12 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from connector.contract.transports import TRANSPORTS
 from connector.telemetry.events import LifecycleEvent, safe_word
 from connector.telemetry.logs import log_event
 
 _log = logging.getLogger("sensorium.telemetry")
 LATENCY_BUCKETS: Final = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
-TRANSPORT_LABELS: Final = ("ble", "usb-serial", "mdns")
 
 
 class SessionState(Protocol):
@@ -46,7 +46,7 @@ class _ClaimsCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         """Two gauge families with one sample per transport (zeros included)."""
-        held = {transport: 0 for transport in TRANSPORT_LABELS}
+        held = {transport: 0 for transport in TRANSPORTS}
         uncertain = dict(held)
         for session in self._sessions():
             if session.transport in held:
@@ -62,7 +62,7 @@ class _ClaimsCollector(Collector):
             "Ended sessions whose provider stop is not confirmed yet (claim held, retried in the background)",
             labels=["transport"],
         )
-        for transport in TRANSPORT_LABELS:
+        for transport in TRANSPORTS:
             claims.add_metric([transport], held[transport])
             cleanups.add_metric([transport], uncertain[transport])
         yield claims
@@ -150,7 +150,7 @@ class Telemetry:
 
 
 def _label(transport: str | None) -> str:
-    return transport if transport in TRANSPORT_LABELS else "none"
+    return transport if transport in TRANSPORTS else "none"
 
 
 class RequestTimer:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.bus.store import STORE_RELATIVE_PATH, AnnouncementStore
+from connector.storage.announcements import STORE_RELATIVE_PATH, AnnouncementStore
 
 NOW = datetime(2027, 1, 1, tzinfo=UTC)
 

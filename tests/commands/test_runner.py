@@ -175,7 +175,7 @@ async def test_timeout_terminates_and_reports_timed_out(tmp_path: Path) -> None:
     async with running(tmp_path) as (state, runner):
         started = time.monotonic()
         doc = await runner.submit(op_id(10), "alice", sleeper, {}, "sync", now())
-        assert time.monotonic() - started < 10
+        assert time.monotonic() - started < 20  # a sanity cap, below the sleep's 30 s
         assert doc["status"] == "failed" and doc["error"]["code"] == "deadline-exceeded"
         stored = await state.get_operation(op_id(10))
         assert stored is not None and stored.status == "timed-out"
@@ -249,7 +249,7 @@ async def test_concurrency_is_bounded_and_queued_work_cancels_at_once(tmp_path: 
         queued = await runner.status(op_id(22))
         check_status_shape(queued)
         assert queued["status"] == "pending" and queued["retry_after_seconds"] == 1
-        with anyio.fail_after(2):
+        with anyio.fail_after(10):
             cancelled = await runner.cancel(op_id(22))
         check_status_shape(cancelled)
         assert cancelled["status"] == "cancelled" and "error" not in cancelled
@@ -262,14 +262,14 @@ async def test_concurrency_is_bounded_and_queued_work_cancels_at_once(tmp_path: 
 @pytest.mark.asyncio
 async def test_cancel_running_sigterm(tmp_path: Path) -> None:
     marker = tmp_path / "m.pid"
-    async with running(tmp_path, kill_after_seconds=8) as (state, runner):
+    async with running(tmp_path, kill_after_seconds=25) as (state, runner):
         await runner.submit(
             op_id(30), "alice", program_action("sleep", str(marker), "30"), {}, "async", now()
         )
         pid = int(await wait_for_file(marker))
         started = time.monotonic()
         doc = await runner.cancel(op_id(30))
-        assert time.monotonic() - started < 6  # SIGTERM was enough: no wait for the SIGKILL bound
+        assert time.monotonic() - started < 12  # SIGTERM was enough: no wait for the SIGKILL bound (25 s)
         assert doc["status"] == "cancelled"
         assert not pid_alive(pid)
         stored = await state.get_operation(op_id(30))

@@ -136,6 +136,15 @@ def test_integers_are_plain_safe_integers(value: object) -> None:
     assert schema_violations("sensorium-error.v1", doc) == [Violation("/retry_after_seconds", "schema")]
 
 
+def test_integers_stay_plain_behind_a_reference_into_another_schema_file() -> None:
+    # result -> candidate schema (a file naming its $schema) -> common.defs uint16: the wire rules hold.
+    path = SCHEMA_DIR / "vectors/sensorium-device-discovery-result.v1/valid/window-complete.json"
+    doc = json.loads(path.read_text(encoding="utf-8"))
+    doc["candidates"][0]["ble"]["manufacturer_ids"][0] = 0.0
+    found = schema_violations("sensorium-device-discovery-result.v1", doc)
+    assert found == [Violation("/candidates/0/ble/manufacturer_ids/0", "schema")]
+
+
 def test_required_members_are_pointed_at_one_by_one() -> None:
     found = schema_violations("sensorium-error.v1", {"schema": "sensorium-error.v1"})
     assert found == [Violation("/code", "schema"), Violation("/message", "schema")]

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from connector.catalog.signing import VerifiedCatalog
+from connector.contract.canonical import canonical_bytes
 from connector.contract.catalog_models import CatalogAction
 from connector.core.admission import (
     Admitted,
@@ -25,7 +26,6 @@ from connector.core.admission import (
     require_status_v2,
 )
 from connector.core.authority import Grant, Principal
-from connector.core.canonical import canonical_bytes
 from connector.core.clock import format_time, to_ms
 from connector.core.commands import CommandAction
 from connector.core.ids import OPERATION_KIND, keyed_operation_id, random_operation_id
@@ -484,8 +484,8 @@ DEADLINES = [
     # (deadline, timeout_ms) -> (window end, cut by the deadline, expiry), all in ms after START
     (None, None, 10_000, False, 300_000),
     (3_600_000, None, 10_000, False, 300_000),
-    (20_000, None, 10_000, False, 20_000),  # the cut (16 s) falls after the window's own end
-    (12_000, None, 8_000, True, 12_000),  # the deadline less the cleanup budget (4 s)
+    (20_000, None, 10_000, False, 20_000),  # the cut (15 s) falls after the window's own end
+    (12_000, None, 7_000, True, 12_000),  # the deadline less cleanup (4 s) and proof (1 s) budgets
     (3_000, None, 0, True, 3_000),  # cut before the start: the window ends at once
     (-5_000, None, 0, True, 0),
     (None, 15_000, 10_000, False, 300_000),

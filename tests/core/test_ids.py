@@ -14,14 +14,10 @@ from hypothesis import strategies as st
 
 from connector.core.ids import (
     OPERATION_KIND,
-    InvalidOperationId,
-    OperationId,
     opaque_id,
     operation_id,
-    parse_operation_id,
     random_operation_id,
 )
-from connector.errors import SensoriumError
 
 FORM = re.compile(r"deferred:sensorium\.directive\.invoke:[A-Z2-7]{26}")
 texts = st.text(max_size=64)
@@ -54,7 +50,6 @@ def test_keyed_id_is_deterministic_and_well_formed(principal: str, action: str, 
     first = _keyed(principal, action, key)
     assert first == _keyed(principal, action, key)
     assert FORM.fullmatch(first)
-    assert str(parse_operation_id(first)) == first
 
 
 @given(texts, texts, texts, texts)
@@ -98,11 +93,10 @@ def test_random_id_needs_128_bits(size: int) -> None:
 
 
 @given(st.binary(min_size=16, max_size=16))
-def test_random_id_round_trips(entropy: bytes) -> None:
+def test_random_id_carries_its_entropy(entropy: bytes) -> None:
     text = random_operation_id(OPERATION_KIND, entropy)
-    parsed = parse_operation_id(text)
-    assert parsed == OperationId(kind=OPERATION_KIND, suffix=text.rsplit(":", 1)[1])
-    assert base64.b32decode(parsed.suffix + "======") == entropy
+    assert FORM.fullmatch(text)
+    assert base64.b32decode(text.rsplit(":", 1)[1] + "======") == entropy
 
 
 @pytest.mark.parametrize("kind", ["", "Sensorium", "a:b", "sensorium..invoke", ".x", "x y"])
@@ -113,40 +107,9 @@ def test_bad_kind_is_refused(kind: str) -> None:
         operation_id(kind, principal_id="p", action_id="a", idempotency_key="k")
 
 
-GOOD = random_operation_id(OPERATION_KIND, bytes(range(16)))
-
-
-@pytest.mark.parametrize(
-    "text",
-    [
-        "",
-        GOOD.lower(),
-        GOOD[:-1],
-        GOOD + "A",
-        GOOD + "=",
-        GOOD.replace("deferred:", "operation:"),
-        GOOD.replace(OPERATION_KIND, "Sensorium.Directive"),
-        GOOD.replace(OPERATION_KIND, ""),
-        GOOD.replace(OPERATION_KIND, "a:b"),
-        GOOD[:-1] + "1",
-        GOOD[:-1] + "B",  # 130 bits with a trailing bit set: not the encoding of 16 bytes
-        " " + GOOD,
-        GOOD + "\n",
-    ],
-)
-def test_parse_refuses_malformed(text: str) -> None:
-    with pytest.raises(InvalidOperationId) as info:
-        parse_operation_id(text)
-    assert isinstance(info.value, SensoriumError)
-    assert info.value.code == "unknown-operation"
-    assert info.value.http_status == 404
-    if text:
-        assert text.strip() not in info.value.message
-
-
-def test_parse_accepts_other_kinds() -> None:
+def test_other_kinds_are_minted() -> None:
     text = random_operation_id("sensorium.other-kind.v2", bytes(16))
-    assert parse_operation_id(text).kind == "sensorium.other-kind.v2"
+    assert text == "deferred:sensorium.other-kind.v2:" + "A" * 26
 
 
 def test_opaque_id() -> None:

@@ -82,8 +82,22 @@ def test_pure_layer_loads_no_io_library(repo_root: Path) -> None:
     assert isinstance(modules, dict)
     assert result["before"] == []
     # The probe must really have covered the pure layer, not an empty package.
-    for expected in ("lifecycle", "policy", "ids", "admission", "canonical", "scope", "observations"):
+    for expected in (
+        "lifecycle",
+        "policy",
+        "ids",
+        "admission",
+        "observations",
+        "transports",
+        "scope",
+        "scope.model",
+        "scope.parse",
+        "scope.match",
+        "scope.redact",
+    ):
         assert f"connector.core.{expected}" in modules
+    assert "connector.contract.transports" in modules
+    assert "connector.contract.canonical" in modules
     assert "connector.errors" in modules
     assert result["failed"] == {}, f"pure modules that failed to import: {result['failed']}"
     offenders = {name: pulled for name, pulled in modules.items() if pulled}

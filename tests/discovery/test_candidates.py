@@ -9,6 +9,7 @@ from typing import Any
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from connector.contract.canonical import canonical_bytes
 from connector.contract.validate import validate
 from connector.core.candidates import (
     MAX_LABEL_CHARS,
@@ -19,7 +20,6 @@ from connector.core.candidates import (
     merged_size,
     sanitise_text,
 )
-from connector.core.canonical import canonical_bytes
 from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
 from connector.core.snapshot import CandidateTable
 

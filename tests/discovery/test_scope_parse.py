@@ -6,13 +6,13 @@ from typing import Any
 
 import pytest
 
+from connector.cli.scope_forms import scope_input_from_cli
 from connector.core.scope import (
     DiscoveryScope,
     ScopeFilter,
     expand_uuid,
     normalise_service_type,
     parse_discovery_input,
-    scope_input_from_cli,
 )
 from connector.errors import AdmissionError
 

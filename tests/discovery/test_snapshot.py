@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from connector.core.canonical import canonical_bytes
+from connector.contract.canonical import canonical_bytes
 from connector.core.observations import BleObservation, Observation
 from connector.core.snapshot import CandidateTable, IngestOutcome, Revision
 

@@ -9,7 +9,7 @@ from typing import Any
 import anyio
 import pytest
 
-from connector.core.canonical import sha256_hex
+from connector.contract.canonical import sha256_hex
 from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog, terminal
 from tests.support.directives import command_directive, scan_directive
 from tests.support.principals import bearer

@@ -15,7 +15,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from connector.core.canonical import sha256_hex
+from connector.contract.canonical import sha256_hex
 from connector.core.lifecycle import IllegalTransition
 from connector.storage.registry import (
     MIGRATIONS,

@@ -13,6 +13,7 @@ import pytest
 from connector.core.policy import DeferredHostPolicy
 from connector.storage.principals import revoke
 from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog, terminal
+from tests.runtime.sessions import until_terminal
 from tests.support.directives import command_directive, scan_directive
 from tests.support.principals import bearer
 
@@ -123,7 +124,7 @@ async def test_a_discovery_status_over_the_size_limit_ends_failed(tmp_path: Path
         final = polls[-1]
         assert final["status"] == "failed" and final["error"]["code"] == "response-too-large"
         assert "progress" not in final
-        connector = await assembled.discovery.wait_terminal(op_id, 10)  # the session was terminated
+        connector = await until_terminal(assembled.discovery, op_id)  # the session was terminated
         assert connector["status"] == "failed" and connector["error"]["code"] == "response-too-large"
         assert connector["cleanup"]["state"] == "confirmed"
 

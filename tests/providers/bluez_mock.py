@@ -230,6 +230,11 @@ class BluezController:
         """[sender, path, args] of every call of `method` so far."""
         return [list(row) for row in self.control("calls", member=method)]
 
+    async def called(self, method: str, unless: asyncio.Future[Any]) -> None:
+        """Return once bluetoothd has received a call of `method`, or `unless` is done."""
+        while not self.calls(method) and not unless.done():
+            await asyncio.sleep(0.01)
+
     def method_calls(self, method: str, adapter: str | None = None) -> list[list[Any]]:
         """Argument lists of every call of an adapter method so far."""
         path = self.adapter_path(adapter)

@@ -311,9 +311,11 @@ async def test_a_start_cut_off_after_start_discovery_hands_back_the_unproven_ses
     bluez: BluezController,
 ) -> None:
     bluez.wedge_after_start()
+    start = asyncio.ensure_future(BleProvider().start(ble_scope(cleanup_timeout_ms=300), RecordingSink()))
+    await bluez.called("StartDiscovery", unless=start)  # the session exists; its reply never comes
+    start.cancel()  # what the connector's timeout does to the start
     with pytest.raises(StartUnconfirmed) as caught:
-        async with asyncio.timeout(0.5):  # the connector's timeout cuts the start
-            await BleProvider().start(ble_scope(cleanup_timeout_ms=300), RecordingSink())
+        await start
     session = caught.value.session
     assert isinstance(session, BleSession) and session.unique_name is not None
     assert bluez.clients() == [session.unique_name]  # wedged: the worker's discovery session stays

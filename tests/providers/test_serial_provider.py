@@ -207,7 +207,7 @@ async def test_stop_unconfirmed_while_the_worker_is_stuck_then_confirmed_on_retr
     started = time.monotonic()
     with pytest.raises(StopUnconfirmed) as unconfirmed:
         await session.stop()
-    assert 0.15 < time.monotonic() - started < 1.0
+    assert 0.15 < time.monotonic() - started < 5  # cut at cleanup_timeout_ms, long before the release
     assert unconfirmed.value.code == "cleanup-unconfirmed"
     assert workers() == 1
     release.set()

@@ -11,9 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
-from connector.core.scope import ScopeFilter, matches_scope, mdns_instance
-from connector.runtime.recorder import (
+from connector.cli.recorder import (
     FixtureFile,
     FixtureHeader,
     Pseudonymiser,
@@ -23,6 +21,8 @@ from connector.runtime.recorder import (
     pseudonymised,
     recording_scope,
 )
+from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
+from connector.core.scope import ScopeFilter, matches_scope, mdns_instance
 from providers.replay import parse_fixture
 from tests.support.directives import HEART_RATE
 

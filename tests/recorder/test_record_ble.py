@@ -10,13 +10,7 @@ from typing import Any
 
 import pytest
 
-from connector.core.admission import SessionSpec
-from connector.core.clock import wall_clock_ms
-from connector.core.lifecycle import Status
-from connector.core.observations import BleObservation, Observation
-from connector.core.scope import DiscoveryScope, ScopeFilter
-from connector.runtime.manager import DiscoveryManager
-from connector.runtime.recorder import (
+from connector.cli.recorder import (
     FixtureFile,
     FixtureHeader,
     Pseudonymiser,
@@ -26,10 +20,17 @@ from connector.runtime.recorder import (
     library_versions,
     recording_scope,
 )
+from connector.core.admission import SessionSpec
+from connector.core.clock import wall_clock_ms
+from connector.core.lifecycle import Status
+from connector.core.observations import BleObservation, Observation
+from connector.core.scope import DiscoveryScope, ScopeFilter
+from connector.runtime.manager import DiscoveryManager
 from providers.base import Provider
 from providers.ble import BleProvider
 from providers.replay import ReplayProvider, ReplaySession
 from tests.providers.bluez_mock import BluezController, bluez
+from tests.runtime.sessions import until_terminal
 from tests.support.directives import HEART_RATE
 from tests.support.waiting import wait_until
 
@@ -231,7 +232,7 @@ async def scan_through_runtime(
         await wait_until(lambda: handle.status is Status.RUNNING)
         if drive_with is not None:
             drive(drive_with)
-        return await manager.wait_terminal(handle.operation_id, 10)
+        return await until_terminal(manager, handle.operation_id)
 
 
 @pytest.mark.asyncio

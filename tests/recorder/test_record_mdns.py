@@ -14,9 +14,7 @@ import pytest
 import pytest_asyncio
 
 from connector.cli.fixtures_cmd import find_service_types
-from connector.core.observations import MdnsObservation
-from connector.core.scope import DiscoveryScope, ScopeFilter, mdns_instance
-from connector.runtime.recorder import (
+from connector.cli.recorder import (
     FixtureFile,
     FixtureHeader,
     Pseudonymiser,
@@ -25,6 +23,8 @@ from connector.runtime.recorder import (
     library_versions,
     recording_scope,
 )
+from connector.core.observations import MdnsObservation
+from connector.core.scope import DiscoveryScope, ScopeFilter, mdns_instance
 from providers.mdns import MdnsProvider
 from providers.replay import ReplayProvider
 from tests.providers.mdns_peer import LOOPBACK, Responder, run_instance, run_service_type

@@ -8,8 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from connector.core.scope import DiscoveryScope, ScopeFilter
-from connector.runtime.recorder import (
+from connector.cli.recorder import (
     FixtureFile,
     FixtureHeader,
     Pseudonymiser,
@@ -18,6 +17,7 @@ from connector.runtime.recorder import (
     library_versions,
     recording_scope,
 )
+from connector.core.scope import DiscoveryScope, ScopeFilter
 from providers.replay import ReplayProvider
 from providers.serial import PortInfo, SerialProvider
 

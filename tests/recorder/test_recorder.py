@@ -12,9 +12,7 @@ from typing import Any
 
 import pytest
 
-from connector.core.observations import BleObservation, Observation
-from connector.errors import ProviderUnavailable
-from connector.runtime.recorder import (
+from connector.cli.recorder import (
     FixtureFile,
     FixtureHeader,
     Pseudonymiser,
@@ -23,6 +21,8 @@ from connector.runtime.recorder import (
     library_versions,
     recording_scope,
 )
+from connector.core.observations import BleObservation, Observation
+from connector.errors import ProviderUnavailable
 from providers.faults import HANG, RAISE, Fault, FaultProvider
 from providers.replay import load_fixture
 from tests.support.directives import HEART_RATE

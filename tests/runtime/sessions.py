@@ -80,6 +80,17 @@ async def poll_to_end(
     return polls
 
 
+async def until_terminal(
+    manager: DiscoveryManager, operation_id: str, limit_s: float = 10.0
+) -> dict[str, Any]:
+    """Long-poll until the operation is terminal (its stop settled) and return that status."""
+    with anyio.fail_after(limit_s):
+        status = await manager.wait_for_change(operation_id, None, limit_s)
+        while status["status"] in ("pending", "running"):
+            status = await manager.wait_for_change(operation_id, None, limit_s)
+    return status
+
+
 def delivered_status(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
     """The status as the service hands it to a caller: read, then its candidates counted as disclosed."""
     document = manager.status(operation_id)

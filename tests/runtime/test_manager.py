@@ -135,18 +135,20 @@ async def test_long_poll_wakes_on_a_new_revision_and_returns_at_timeout_otherwis
     provider = FaultProvider([(100, strap(1))])
     async with fast_manager() as manager:
         handle = await start(manager, provider, window_ms=3_000)
+        # The waits that must wake early get a long timeout: returning well before it is the proof.
         started = anyio.current_time()
-        status = await manager.wait_for_change(handle.operation_id, 0, 2.0)
+        status = await manager.wait_for_change(handle.operation_id, 0, 30.0)
         assert status["progress"]["revision"] == 1
-        assert anyio.current_time() - started < 1.5
+        assert anyio.current_time() - started < 15
         started = anyio.current_time()
         quiet = await manager.wait_for_change(handle.operation_id, 1, 0.15)
+        # Still running: it returned at its own timeout, not at the window's end.
         assert quiet["progress"]["revision"] == 1 and quiet["status"] == "running"
-        assert 0.14 <= anyio.current_time() - started < 1.0
+        assert anyio.current_time() - started >= 0.14
         manager.cancel(handle.operation_id)
         started = anyio.current_time()
-        terminal = await manager.wait_for_change(handle.operation_id, None, 2.0)
-        assert terminal["status"] == "cancelled" and anyio.current_time() - started < 1.5
+        terminal = await manager.wait_for_change(handle.operation_id, None, 30.0)
+        assert terminal["status"] == "cancelled" and anyio.current_time() - started < 15
 
 
 @pytest.mark.asyncio
@@ -176,7 +178,7 @@ async def test_metadata_retention_forgets_the_operation() -> None:
         handle = await start(
             manager, FaultProvider([]), profile=with_profile(result_retention_seconds=0), window_ms=50
         )
-        with anyio.fail_after(2):
+        with anyio.fail_after(10):
             while handle.operation_id in list(manager.operation_ids()):
                 await anyio.sleep(0.02)
         with pytest.raises(UnknownOperation) as unknown:
@@ -215,7 +217,7 @@ async def test_aclose_stops_every_live_session_with_a_confirmed_stop() -> None:
     async with fast_manager() as manager:
         handles = [await start(manager, p, window_ms=10_000) for p in providers]
         await manager.wait_for_change(handles[0].operation_id, 0, 2.0)
-        with anyio.fail_after(2):
+        with anyio.fail_after(10):
             await manager.aclose()
         for handle in handles:
             final = manager.status(handle.operation_id)

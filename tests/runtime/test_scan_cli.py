@@ -205,7 +205,7 @@ def test_sigint_cancels_and_waits_for_the_confirmed_stop() -> None:
             process.kill()
             process.wait()
     assert process.returncode == 130, stderr
-    assert time.monotonic() - started < 5
+    assert time.monotonic() - started < 10  # a sanity cap: "cancelled" shows Ctrl-C, not the window, ended it
     status = json.loads(stdout)
     assert status["status"] == "cancelled"
     assert status["cancellation"]["state"] == "confirmed"

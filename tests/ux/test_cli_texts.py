@@ -12,7 +12,7 @@ import pytest
 
 from connector.cli.main import build_parser, main
 from connector.cli.scan_help import provider_hint
-from connector.core.scope import scope_input_from_cli
+from connector.cli.scope_forms import scope_input_from_cli
 from tests.support.paths import REPO
 
 

@@ -38,14 +38,10 @@ from typing import IO, Any, Final
 import anyio
 from anyio.abc import TaskStatus
 
-from connector.core.observations import (
-    BleObservation,
-    MdnsObservation,
-    Observation,
-    Transport,
-    UsbObservation,
-)
+from connector.contract.transports import Transport
+from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
 from connector.core.scope import DiscoveryScope, ScopeFilter, mdns_instance, normalise_service_type
+from connector.core.transports import TRANSPORT_FACTS
 from connector.errors import ProviderError, StopUnconfirmed
 from providers.base import Provider, ProviderSession
 
@@ -321,13 +317,15 @@ def recording_scope(
 ) -> DiscoveryScope:
     """The unfiltered scope of a recording (mDNS needs service types: they are the browser's only filter)."""
     types = tuple(dict.fromkeys(normalise_service_type(t) for t in service_types))
+    facts = TRANSPORT_FACTS[transport]
+    browsed = "service_types" in facts.required_filters
     return DiscoveryScope(
         transport=transport,
         window_seconds=seconds,
         max_candidates=64,
         max_snapshot_bytes=65536,
-        filters=ScopeFilter(service_types=types) if transport == "mdns" else ScopeFilter(),
-        adapter=adapter if transport == "ble" else None,
+        filters=ScopeFilter(service_types=types) if browsed else ScopeFilter(),
+        adapter=adapter if facts.takes("adapter") else None,
         cleanup_timeout_ms=RECORDING_CLEANUP_TIMEOUT_MS,
     )
 

@@ -12,13 +12,9 @@ from __future__ import annotations
 
 from datetime import datetime
 from pathlib import Path
-from types import TracebackType
-
-import aiosqlite
-import anyio
 
 from connector.core.clock import format_time
-from connector.storage.sqlite import open_database
+from connector.storage.sqlite import SqliteStore
 
 STORE_RELATIVE_PATH = Path("storage") / "bus-announcements.sqlite"
 
@@ -34,35 +30,12 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 
-class AnnouncementStore:
+class AnnouncementStore(SqliteStore):
     """The set of announced operation ids (use `await AnnouncementStore.open(data_dir)` or `async with`)."""
 
-    def __init__(self, connection: aiosqlite.Connection, path: Path) -> None:
-        self._db = connection
-        self._lock = anyio.Lock()
-        self.path = path
-
-    @classmethod
-    async def open(cls, data_dir: Path) -> AnnouncementStore:
-        """Open (creating and migrating) the store under `data_dir`."""
-        path = Path(data_dir) / STORE_RELATIVE_PATH
-        connection = await open_database(path, MIGRATIONS, what="announcement store")
-        store = cls(connection, path)
-        return store
-
-    async def __aenter__(self) -> AnnouncementStore:
-        return self
-
-    async def __aexit__(
-        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        await self.aclose()
-
-    async def aclose(self) -> None:
-        """Checkpoint and close."""
-        async with self._lock:
-            await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-            await self._db.close()
+    RELATIVE_PATH = STORE_RELATIVE_PATH
+    MIGRATIONS = MIGRATIONS
+    WHAT = "announcement store"
 
     async def is_published(self, operation_id: str) -> bool:
         """True once this operation's `op.done` was acknowledged by the broker."""
