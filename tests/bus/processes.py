@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from tests.bus.support import BusEnv
 from tests.support.paths import SHIPPED_TRUST
 from tests.support.serving import ServeProcess, start_serve
-
-from .support import BusEnv
 
 
 def start_bus_serve(env: BusEnv, nats_url: str, name: str, timeout: float = 30.0) -> ServeProcess:

@@ -12,13 +12,12 @@ from typing import Any
 import anyio
 import pytest
 
+from tests.bus.broker import NatsServer
+from tests.bus.processes import start_bus_serve
+from tests.bus.support import FAIL, SLEEP, ble_scan, client, make_env, running_connector, spying
 from tests.support.directives import command_directive
 from tests.support.serving import cli_argv, cli_env
 from tests.support.waiting import wait_until
-
-from .broker import NatsServer
-from .processes import start_bus_serve
-from .support import FAIL, SLEEP, ble_scan, client, make_env, running_connector, spying
 
 
 async def run_cli(*args: str, token: str | None, timeout: float = 60.0) -> tuple[int, str, str]:

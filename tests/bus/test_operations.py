@@ -15,11 +15,8 @@ from nats.errors import NoRespondersError
 from connector.bus.client import BusRefused
 from connector.service.answers import Accepted
 from connector.storage.registry import OperationRecord
-from tests.support.directives import command_directive
-from tests.support.waiting import wait_until
-
-from .broker import NatsServer
-from .support import (
+from tests.bus.broker import NatsServer
+from tests.bus.support import (
     FAIL,
     REDACT,
     SCAN,
@@ -33,6 +30,8 @@ from .support import (
     spying,
     watch_states,
 )
+from tests.support.directives import command_directive
+from tests.support.waiting import wait_until
 
 TERMINAL = {"done", "failed", "cancelled", "lost"}
 

@@ -16,11 +16,8 @@ from typing import Any
 import anyio
 import pytest
 
-from tests.support.directives import HEART_RATE, scan_directive
-from tests.support.waiting import wait_until
-
-from .broker import NatsServer
-from .support import (
+from tests.bus.broker import NatsServer
+from tests.bus.support import (
     HTTP,
     TEST_PID,
     TEST_VID,
@@ -31,6 +28,8 @@ from .support import (
     spying,
     watch_states,
 )
+from tests.support.directives import HEART_RATE, scan_directive
+from tests.support.waiting import wait_until
 
 
 def _labels(status: dict[str, Any]) -> list[str]:

@@ -13,11 +13,10 @@ import pytest
 from connector.bus.adapter import BusAdapter, BusSettings
 from connector.bus.reader import RegistryReader
 from connector.storage.registry import DeferredRegistry
+from tests.bus.broker import NatsServer
+from tests.bus.support import ble_scan, client, make_env, running_connector
+from tests.bus.test_messages import NOW, OP_ID, record
 from tests.support.directives import command_directive
-
-from .broker import NatsServer
-from .support import ble_scan, client, make_env, running_connector
-from .test_messages import NOW, OP_ID, record
 
 
 @pytest.mark.asyncio

@@ -14,10 +14,9 @@ import pytest
 
 from connector.catalog.state import highest_accepted_version
 from connector.cli import catalog_cmd
+from tests.catalog.helpers import CANARY
 from tests.support.catalogs import example_catalog
 from tests.support.paths import REPO, SHIPPED_CATALOG
-
-from .helpers import CANARY
 
 
 def main(argv: list[str]) -> int:

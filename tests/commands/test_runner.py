@@ -21,8 +21,7 @@ from connector.core.commands import CommandAction
 from connector.errors import SensoriumError
 from connector.runtime.commands import CommandRunner
 from connector.storage.state import STATE_RELATIVE_PATH, ConnectorState
-
-from .conftest import (
+from tests.commands.conftest import (
     check_status_shape,
     contract_violations,
     pid_alive,

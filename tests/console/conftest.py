@@ -17,13 +17,12 @@ from connector.api.console import console_router
 from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.host.service import HostService
 from connector.service.answers import Accepted
+from tests.console.serve_process import add_test_principals
 from tests.support.clocks import OffsetClock
 from tests.support.directives import HEART_RATE, scan_directive
 from tests.support.fixtures import write_fixture
 from tests.support.paths import REPO
 from tests.support.principals import Tokens
-
-from .serve_process import add_test_principals
 
 BASE_URL = "http://127.0.0.1:8787"
 _CSRF = re.compile(r'name="csrf_token" value="([^"]+)"')

@@ -17,10 +17,9 @@ import httpx
 import pytest
 
 from connector.testing import MockConnector, start_connector
+from tests.console.test_browser import CHROMIUM, CHROMIUM_ARGS
 from tests.support.directives import HEART_RATE
 from tests.support.paths import REPO
-
-from .test_browser import CHROMIUM, CHROMIUM_ARGS
 
 ARTIFACTS = REPO / "test-artifacts"
 DESKTOP = {"width": 1280, "height": 900}

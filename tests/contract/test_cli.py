@@ -11,8 +11,7 @@ from pathlib import Path
 import pytest
 
 from connector.cli.main import main
-
-from .vectors import VECTOR_DIR
+from tests.contract.vectors import VECTOR_DIR
 
 REPO = VECTOR_DIR.parents[1]
 STATUS_V2 = "deferred-operation-status.v2"

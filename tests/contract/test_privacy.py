@@ -11,8 +11,7 @@ import pytest
 
 from connector.cli.main import main
 from connector.contract.validate import validate
-
-from .vectors import VECTORS, Vector
+from tests.contract.vectors import VECTORS, Vector
 
 _counter = itertools.count()
 

@@ -12,8 +12,18 @@ from hypothesis import strategies as st
 from connector.contract.canonical import canonical_bytes
 from connector.core.observations import BleObservation, Observation
 from connector.core.snapshot import CandidateTable, IngestOutcome, Revision
-
-from .builders import CATALOG_PROFILE, HR_UUID, T0, ble, mdns, profile, ref_factory, scope_of, table_for, usb
+from tests.discovery.builders import (
+    CATALOG_PROFILE,
+    HR_UUID,
+    T0,
+    ble,
+    mdns,
+    profile,
+    ref_factory,
+    scope_of,
+    table_for,
+    usb,
+)
 
 ACCEPTED, UNCHANGED = IngestOutcome.ACCEPTED, IngestOutcome.UNCHANGED
 OUT, LIMIT = IngestOutcome.OUT_OF_SCOPE, IngestOutcome.LIMIT_REACHED

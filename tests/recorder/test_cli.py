@@ -12,9 +12,8 @@ import pytest
 
 from connector.cli.main import COMMAND_MODULES, main
 from tests.providers.bluez_mock import BluezController, BluezEmulator, bluez, bluez_available
+from tests.recorder.support import fixture_lines, run_cli, spawn_cli
 from tests.support.directives import HEART_RATE
-
-from .support import fixture_lines, run_cli, spawn_cli
 
 __all__ = ["bluez"]  # the fixture, imported above
 

@@ -30,11 +30,10 @@ from providers.base import Provider
 from providers.ble import BleProvider
 from providers.replay import ReplayProvider, ReplaySession
 from tests.providers.bluez_mock import BluezController, bluez
+from tests.recorder.support import ENV_SENSING, PROFILE, TableSink, content, fixture_lines
 from tests.runtime.sessions import until_terminal
 from tests.support.directives import HEART_RATE
 from tests.support.waiting import wait_until
-
-from .support import ENV_SENSING, PROFILE, TableSink, content, fixture_lines
 
 __all__ = ["bluez"]  # the fixture, imported above
 

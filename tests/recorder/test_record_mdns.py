@@ -28,10 +28,9 @@ from connector.core.scope import DiscoveryScope, ScopeFilter, mdns_instance
 from providers.mdns import MdnsProvider
 from providers.replay import ReplayProvider
 from tests.providers.mdns_peer import LOOPBACK, Responder, run_instance, run_service_type
+from tests.recorder.support import CLI_SCRIPT, TableSink, content, fixture_lines, spawn_cli
 from tests.support.paths import REPO
 from tests.support.waiting import wait_until
-
-from .support import CLI_SCRIPT, TableSink, content, fixture_lines, spawn_cli
 
 LAMPS = run_service_type("rlm")
 KITCHEN = run_instance("Kitchen Lamp")

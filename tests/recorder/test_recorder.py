@@ -25,9 +25,8 @@ from connector.core.observations import BleObservation, Observation
 from connector.errors import ProviderUnavailable
 from providers.faults import HANG, RAISE, Fault, FaultProvider
 from providers.replay import load_fixture
+from tests.recorder.support import fixture_lines
 from tests.support.directives import HEART_RATE
-
-from .support import fixture_lines
 
 ADDRESS = "C4:7C:8D:6A:11:22"
 OTHER = "C4:7C:8D:6A:33:44"
