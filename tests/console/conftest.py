@@ -17,7 +17,7 @@ from connector.api.console import console_router
 from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.host.service import HostService
 from connector.service.answers import Accepted
-from tests.console.serve_process import add_test_principals
+from tests.e2e.serve_process import add_test_principals
 from tests.support.clocks import OffsetClock
 from tests.support.directives import HEART_RATE, scan_directive
 from tests.support.fixtures import write_fixture

@@ -25,7 +25,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.console.serve_process import (
+from tests.e2e.serve_process import (
     add_test_principals,
     host_status,
     replay_serving,
@@ -337,7 +337,7 @@ def test_canaries_reach_only_the_caller_across_a_kill_9(tmp_path: Path) -> None:
                 assert status["error"]["code"] == "interrupted-by-restart", transport
                 assert "progress" not in status and "result" not in status, transport
         pages = console_pages(second, tokens.operator, [*full.values(), *killed.values()])
-    # The exit code after SIGTERM is tests/service/test_serve_process.py's concern; the files are searched.
+    # The exit code after SIGTERM is tests/e2e/test_serve_process.py's concern; the files are searched.
     final = snapshot(data_dir)  # before the integrity check: closing SQLite's last connection folds the WAL
     assert_integrity(data_dir)
 

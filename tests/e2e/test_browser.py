@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.console.conftest import BleCanaries, ble_fixture
-from tests.console.serve_process import add_test_principals, host_status, replay_serving, start_host_scan
+from tests.e2e.serve_process import add_test_principals, host_status, replay_serving, start_host_scan
 from tests.support.directives import scan_directive
 from tests.support.paths import REPO
 

@@ -17,7 +17,7 @@ import httpx
 import pytest
 
 from connector.testing import MockConnector, start_connector
-from tests.console.test_browser import CHROMIUM, CHROMIUM_ARGS
+from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS
 from tests.support.directives import HEART_RATE
 from tests.support.paths import REPO
 
