@@ -18,8 +18,8 @@ from connector.contract.models import (
     DiscoveryProgress,
 )
 from providers.faults import ACK, Fault, StopStep
+from tests.api.support import Harness, RecordingFactory, harness, straps
 from tests.host import support as host_support
-from tests.service.support import Harness, RecordingFactory, harness, straps
 from tests.support.directives import scan_directive
 
 BASE = "http://connector.test"

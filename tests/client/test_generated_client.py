@@ -19,7 +19,7 @@ import anyio
 import httpx
 import pytest
 
-from tests.service.support import RecordingFactory, harness, straps
+from tests.api.support import RecordingFactory, harness, straps
 from tests.support.directives import scan_directive
 
 GENERATOR = Path(sys.executable).with_name("openapi-python-client")

@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.console.conftest import BleCanaries, ble_fixture
+from tests.api.console.conftest import BleCanaries, ble_fixture
 from tests.e2e.serve_process import add_test_principals, host_status, replay_serving, start_host_scan
 from tests.support.directives import scan_directive
 from tests.support.paths import REPO

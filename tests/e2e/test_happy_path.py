@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.support import (
+from tests.api.support import (
     HEART_RATE_LAB,
     TERMINAL,
     assert_error,

@@ -11,7 +11,7 @@ from pathlib import Path
 import anyio
 import pytest
 
-from tests.service.support import HEART_RATE_LAB, add_test_principals
+from tests.api.support import HEART_RATE_LAB, add_test_principals
 from tests.support.serving import serving_async
 
 HOOKS = Path(__file__).with_name("st_hooks.py")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.console.conftest import BleCanaries, ble_fixture
+from tests.api.console.conftest import BleCanaries, ble_fixture
 from tests.e2e.serve_process import add_test_principals, replay_serving, start_host_scan, wait_host_status
 from tests.support.directives import scan_directive
 

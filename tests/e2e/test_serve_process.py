@@ -15,7 +15,7 @@ import httpx
 import pytest
 
 from connector.cli.serve_cmd import listen
-from tests.service.support import (
+from tests.api.support import (
     HEART_RATE_LAB,
     INFO,
     REDACT,

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from connector.storage.files import make_private_dir
-from tests.service.support import RecordingFactory, harness, straps
+from tests.api.support import RecordingFactory, harness, straps
 from tests.support.directives import scan_directive
 
 

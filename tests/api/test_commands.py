@@ -9,7 +9,7 @@ import anyio
 import pytest
 
 from connector.core.policy import DeferredHostPolicy
-from tests.service.support import (
+from tests.api.support import (
     INFO,
     REDACT,
     SLEEP,

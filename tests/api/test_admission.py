@@ -10,7 +10,7 @@ import pytest
 
 from connector.core.policy import DeferredHostPolicy
 from providers import replay
-from tests.service.support import (
+from tests.api.support import (
     CANARY,
     HEART_RATE_LAB,
     INFO,

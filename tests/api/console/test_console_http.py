@@ -13,7 +13,7 @@ import pytest
 
 from connector.api.console import SESSION_COOKIE, SIGN_IN_COOKIE
 from connector.storage.principals import revoke
-from tests.console.conftest import Console, console_harness, csrf_of
+from tests.api.console.conftest import Console, console_harness, csrf_of
 
 pytestmark = pytest.mark.asyncio
 

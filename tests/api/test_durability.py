@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from connector.storage.state import DiscoveryRecord
-from tests.service.support import (
+from tests.api.support import (
     SLEEP,
     RecordingFactory,
     assert_error,

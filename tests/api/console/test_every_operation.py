@@ -24,7 +24,7 @@ from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.cli.serve_cmd import known_adapters
 from connector.service.answers import Accepted
 from connector.service.operations import LiveConnectorOperations
-from tests.console.conftest import BASE_URL, csrf_of
+from tests.api.console.conftest import BASE_URL, csrf_of
 from tests.e2e.serve_process import add_test_principals
 from tests.support.directives import HEART_RATE, scan_directive
 from tests.support.paths import REPO

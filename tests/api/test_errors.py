@@ -12,7 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.support import CANARY, RecordingFactory, assert_error, harness
+from tests.api.support import CANARY, RecordingFactory, assert_error, harness
 from tests.support.directives import command_directive, scan_directive
 
 

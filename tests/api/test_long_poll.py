@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 from connector.service.connector import MAX_WAIT_SECONDS
-from tests.service.support import (
+from tests.api.support import (
     REDACT,
     SCAN,
     RecordingFactory,

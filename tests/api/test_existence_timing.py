@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from connector.core.ids import OPERATION_KIND, random_operation_id
-from tests.service.support import RecordingFactory, assert_error, harness, straps
+from tests.api.support import RecordingFactory, assert_error, harness, straps
 from tests.support.directives import scan_directive
 
 pytestmark = pytest.mark.asyncio

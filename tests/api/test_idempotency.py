@@ -9,7 +9,7 @@ import pytest
 
 from connector.core.admission import directive_fingerprint
 from connector.core.policy import DeferredHostPolicy
-from tests.service.support import (
+from tests.api.support import (
     INFO,
     REDACT,
     RecordingFactory,

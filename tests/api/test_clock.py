@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.service.support import REDACT, RecordingFactory, harness, straps
+from tests.api.support import REDACT, RecordingFactory, harness, straps
 from tests.support.clocks import OffsetClock
 from tests.support.directives import command_directive, scan_directive
 

@@ -12,7 +12,7 @@ import pytest
 
 from connector.errors import ProviderRestarted
 from providers.faults import Fault
-from tests.service.support import (
+from tests.api.support import (
     REDACT,
     Harness,
     RecordingFactory,

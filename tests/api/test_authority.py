@@ -17,8 +17,7 @@ import pytest
 
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.storage.principals import principals_path, revoke
-from tests.runtime.sessions import until_terminal
-from tests.service.support import (
+from tests.api.support import (
     CANARY,
     SCAN,
     Harness,
@@ -29,6 +28,7 @@ from tests.service.support import (
     harness,
     straps,
 )
+from tests.runtime.sessions import until_terminal
 from tests.support.directives import scan_directive
 from tests.support.waiting import wait_until
 

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from tests.service.support import Harness, RecordingFactory, assert_error, candidates_of, harness, straps
+from tests.api.support import Harness, RecordingFactory, assert_error, candidates_of, harness, straps
 from tests.support.directives import scan_directive
 
 
