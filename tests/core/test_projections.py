@@ -12,7 +12,7 @@ import pytest
 from connector.contract.validate import validate
 from connector.core.projections import SessionView, caller_status_v2, durable_metadata
 from connector.core.snapshot import CandidateTable, Revision
-from tests.discovery.builders import CATALOG_PROFILE, HR_UUID, T0, ble, ref_factory, scope_of
+from tests.core.builders import CATALOG_PROFILE, HR_UUID, T0, ble, ref_factory, scope_of
 
 OP_ID = "deferred:sensorium.directive.invoke:ABCDEFGHIJKLMNOPQRSTUVWXYZ"
 STATUS = "deferred-operation-status.v2"

@@ -22,7 +22,7 @@ from connector.core.candidates import (
 )
 from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
 from connector.core.snapshot import CandidateTable
-from tests.discovery.builders import BATTERY_UUID, HR_UUID, T0, ble, mdns, profile, ref_factory, scope_of, usb
+from tests.core.builders import BATTERY_UUID, HR_UUID, T0, ble, mdns, profile, ref_factory, scope_of, usb
 
 
 def test_ble_content() -> None:

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from connector.contract.canonical import canonical_bytes
 from connector.core.observations import BleObservation, Observation
 from connector.core.snapshot import CandidateTable, IngestOutcome, Revision
-from tests.discovery.builders import (
+from tests.core.builders import (
     CATALOG_PROFILE,
     HR_UUID,
     T0,

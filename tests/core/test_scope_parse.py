@@ -15,7 +15,7 @@ from connector.core.scope import (
     parse_discovery_input,
 )
 from connector.errors import AdmissionError
-from tests.discovery.builders import CATALOG_PROFILE, HR_UUID, profile
+from tests.core.builders import CATALOG_PROFILE, HR_UUID, profile
 
 CANARY = "canary-7f3a9"
 

@@ -21,7 +21,7 @@ from connector.core.scope import (
     redacted_scope,
     scope_matcher,
 )
-from tests.discovery.builders import BATTERY_UUID, HR_UUID, ble, mdns, scope_of, usb
+from tests.core.builders import BATTERY_UUID, HR_UUID, ble, mdns, scope_of, usb
 
 
 def test_ble_filters_combine_with_and_lists_with_any() -> None:
