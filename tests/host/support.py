@@ -20,7 +20,7 @@ from tests.support.paths import HW_FIXTURES, REPO
 from tests.support.principals import Tokens, bearer, create_principals
 from tests.support.waiting import poll
 
-PROGRAMS = REPO / "tests" / "commands" / "programs.py"
+PROGRAMS = REPO / "tests" / "runtime" / "commands" / "programs.py"
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "expired", "unknown"}
 KIND = "sensorium.directive.invoke"
 

@@ -12,7 +12,7 @@ import anyio
 import pytest
 
 from connector.runtime.commands import FairSlots
-from tests.commands.conftest import program_action, running, wait_for_file, wait_terminal
+from tests.runtime.commands.conftest import program_action, running, wait_for_file, wait_terminal
 
 OP = "deferred:sensorium.directive.invoke:"
 

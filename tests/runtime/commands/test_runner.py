@@ -21,7 +21,7 @@ from connector.core.commands import CommandAction
 from connector.errors import SensoriumError
 from connector.runtime.commands import CommandRunner
 from connector.storage.state import STATE_RELATIVE_PATH, ConnectorState
-from tests.commands.conftest import (
+from tests.runtime.commands.conftest import (
     check_status_shape,
     contract_violations,
     pid_alive,
@@ -379,8 +379,8 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[3])
 from connector.storage.state import ConnectorState
 from connector.runtime.commands import CommandRunner
-from tests.commands.conftest import program_action
-from tests.commands.test_runner import REDACT, OS_INFO, op_id
+from tests.runtime.commands.conftest import program_action
+from tests.runtime.commands.test_runner import REDACT, OS_INFO, op_id
 
 async def main():
     data, marker = Path(sys.argv[1]), sys.argv[2]

@@ -11,7 +11,7 @@ import pytest
 from connector.contract.catalog_models import ActionCatalog
 from connector.core.commands import CommandAction
 from connector.errors import SensoriumError
-from tests.commands.conftest import running, wait_terminal
+from tests.runtime.commands.conftest import running, wait_terminal
 
 
 def _actions(repo_root: Path) -> dict[str, object]:
