@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from connector.cli.main import COMMAND_MODULES, main
+from tests.cli.recorder.support import fixture_lines, run_cli, spawn_cli
 from tests.providers.bluez_mock import BluezController, BluezEmulator, bluez, bluez_available
-from tests.recorder.support import fixture_lines, run_cli, spawn_cli
 from tests.support.directives import HEART_RATE
 
 __all__ = ["bluez"]  # the fixture, imported above

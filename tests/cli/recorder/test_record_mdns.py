@@ -27,8 +27,8 @@ from connector.core.observations import MdnsObservation
 from connector.core.scope import DiscoveryScope, ScopeFilter, mdns_instance
 from providers.mdns import MdnsProvider
 from providers.replay import ReplayProvider
+from tests.cli.recorder.support import CLI_SCRIPT, TableSink, content, fixture_lines, spawn_cli
 from tests.providers.mdns_peer import LOOPBACK, Responder, run_instance, run_service_type
-from tests.recorder.support import CLI_SCRIPT, TableSink, content, fixture_lines, spawn_cli
 from tests.support.paths import REPO
 from tests.support.waiting import wait_until
 

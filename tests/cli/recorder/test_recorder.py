@@ -25,7 +25,7 @@ from connector.core.observations import BleObservation, Observation
 from connector.errors import ProviderUnavailable
 from providers.faults import HANG, RAISE, Fault, FaultProvider
 from providers.replay import load_fixture
-from tests.recorder.support import fixture_lines
+from tests.cli.recorder.support import fixture_lines
 from tests.support.directives import HEART_RATE
 
 ADDRESS = "C4:7C:8D:6A:11:22"

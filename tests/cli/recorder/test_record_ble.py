@@ -29,8 +29,8 @@ from connector.runtime.manager import DiscoveryManager
 from providers.base import Provider
 from providers.ble import BleProvider
 from providers.replay import ReplayProvider, ReplaySession
+from tests.cli.recorder.support import ENV_SENSING, PROFILE, TableSink, content, fixture_lines
 from tests.providers.bluez_mock import BluezController, bluez
-from tests.recorder.support import ENV_SENSING, PROFILE, TableSink, content, fixture_lines
 from tests.runtime.sessions import until_terminal
 from tests.support.directives import HEART_RATE
 from tests.support.waiting import wait_until

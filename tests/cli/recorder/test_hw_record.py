@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from providers.replay import load_fixture
-from tests.recorder.support import fixture_lines, spawn_cli
+from tests.cli.recorder.support import fixture_lines, spawn_cli
 
 PSEUDONYM = re.compile(r"[0-9A-F][26AE](:[0-9A-F]{2}){5}")
 

@@ -20,7 +20,7 @@ from connector.cli.recorder import (
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from providers.replay import ReplayProvider
 from providers.serial import PortInfo, SerialProvider
-from tests.recorder.support import TableSink, content, fixture_lines
+from tests.cli.recorder.support import TableSink, content, fixture_lines
 
 FTDI_SERIAL = "A50285BI"
 ARDUINO_SERIAL = "85735313"
