@@ -37,9 +37,7 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests" / "providers"))  # the emulator and its controller
 
-from bluez_mock import BluezController, BluezEmulator  # noqa: E402
 from dbus_fast import BusType, Message  # noqa: E402
 from dbus_fast.aio import MessageBus  # noqa: E402
 
@@ -49,6 +47,7 @@ from connector.core.ids import OPERATION_KIND, random_operation_id  # noqa: E402
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter  # noqa: E402
 from connector.runtime.manager import DiscoveryManager  # noqa: E402
 from providers.ble import BleProvider, BleSession, discovery_filters  # noqa: E402
+from tests.providers.bluez_mock import BluezController, BluezEmulator  # noqa: E402
 
 HEART = "0000180d-0000-1000-8000-00805f9b34fb"
 DEVICES = [f"C0:FF:EE:00:00:{i:02X}" for i in range(64)]

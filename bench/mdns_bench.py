@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "providers"))
+sys.path.insert(0, str(REPO))  # the test peers: tests.providers.*
 
-from avahi_lab import AvahiLab, unavailable_reason  # noqa: E402
-from test_mdns_avahi import Driver, labels  # noqa: E402
+from tests.providers.avahi_lab import AvahiLab, unavailable_reason  # noqa: E402
+from tests.providers.test_mdns_avahi import Driver, labels  # noqa: E402
 
 AVAHI_TYPE = "_s11bench._tcp"
 TYPE = "_s11bench._tcp.local."

@@ -19,14 +19,14 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "providers"))
+sys.path.insert(0, str(REPO))  # the test peers: tests.providers.*
 
-from mdns_peer import LOOPBACK, RecordingSink, Responder, ptr, run_instance, run_service_type  # noqa: E402
 from zeroconf import IPVersion  # noqa: E402
 from zeroconf.asyncio import AsyncZeroconf  # noqa: E402
 
 from connector.core.scope import DiscoveryScope, ScopeFilter  # noqa: E402
 from providers.mdns import MdnsProvider, MdnsSession, engine_sockets  # noqa: E402
+from tests.providers.mdns_peer import LOOPBACK, RecordingSink, Responder, ptr, run_instance, run_service_type  # noqa: E402
 
 TYPE = run_service_type("stb")
 

@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO / "tests" / "providers"))
+sys.path.insert(0, str(REPO))  # the test peers: tests.providers.*
 
-import serial_ns  # noqa: E402
-from serial_ns import FakePort, FakeUsb  # noqa: E402
+from tests.providers import serial_ns  # noqa: E402
+from tests.providers.serial_ns import FakePort, FakeUsb  # noqa: E402
 
 
 def fake_ports() -> dict[str, FakePort | None]:
@@ -57,6 +57,7 @@ def inside(root: Path, rounds: int, passes: int) -> None:
     """Namespace side: build the ports, then time the contenders."""
     from serial.tools import list_ports
 
+    from connector.core.observations import UsbObservation
     from connector.core.scope import DiscoveryScope, ScopeFilter
     from providers.serial import enumeration_pass, stable_links
 
@@ -72,11 +73,11 @@ def inside(root: Path, rounds: int, passes: int) -> None:
     def pyserial() -> None:
         list_ports.comports()
 
-    state: dict[str, object] = {}
+    state: dict[str, UsbObservation] = {}
 
     def provider() -> None:
         nonlocal state
-        _, state = enumeration_pass(scope, list_ports.comports(), state, stable_links())  # type: ignore[arg-type]
+        _, state = enumeration_pass(scope, list_ports.comports(), state, stable_links())
 
     results: dict[str, list[float]] = {"pyserial": [], "provider": []}
     for round_no in range(rounds):

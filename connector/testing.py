@@ -271,7 +271,7 @@ def start_connector(
             )
         connector = MockConnector(process, "", caller, operator, data_dir, log_path)
         try:
-            connector.base_url = _wait_serving(process, log_path, startup_seconds)
+            connector.base_url = wait_serving(process, log_path, startup_seconds)
             yield connector
         finally:
             connector.stop()
@@ -284,8 +284,8 @@ def _env() -> dict[str, str]:
     return env
 
 
-def _wait_serving(process: subprocess.Popen[bytes], log_path: Path, seconds: float) -> str:
-    """The base URL once `/healthz` answers 200."""
+def wait_serving(process: subprocess.Popen[bytes], log_path: Path, seconds: float) -> str:
+    """The base URL of a `serve` that logs to `log_path`, once `/healthz` answers 200."""
     deadline = time.monotonic() + seconds
     url = None
     while time.monotonic() < deadline:

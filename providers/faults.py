@@ -85,6 +85,13 @@ class FaultSession(BaseSession):
         self._provider.calls.append("stop-ack")
         return None
 
+    async def unplug(self) -> None:
+        """The adapter goes away: the simulated backend ends, and a stop attempt still hanging on it."""
+        if self._attempt is not None and not self._attempt.done():
+            self._attempt.cancel()
+            await asyncio.wait({self._attempt})
+        await finish_task(self._task)
+
 
 class FaultProvider:
     """Plays `(t_ms, observation)` pairs through the provider-side filter and injects the given fault."""
@@ -137,6 +144,11 @@ class FaultProvider:
         session = FaultSession(self, scope, sink)
         self.sessions.append(session)
         return session
+
+    async def unplug(self) -> None:
+        """End what refused or hung stops left running in every session (a test's teardown)."""
+        for session in self.sessions:
+            await session.unplug()
 
     async def run(self, session: FaultSession, sink: ObservationSink) -> None:
         """Play the timeline, the flood and the mid-session failure, in time order."""

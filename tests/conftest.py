@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+from tests.support import leaks
+from tests.support.paths import REPO
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -29,7 +30,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def repo_root() -> Path:
     """The repository root."""
-    return REPO_ROOT
+    return REPO
 
 
 # ---- every HTTP answer the suite sees against /openapi.json (see tests/openapi_check.py) -----------
@@ -38,7 +39,7 @@ _MISMATCHES: list[str] = []
 
 
 def _install_openapi_check() -> None:
-    from openapi_check import install
+    from tests.openapi_check import install
 
     install(_MISMATCHES)
 
@@ -49,7 +50,7 @@ _install_openapi_check()
 @pytest.fixture(autouse=True)
 def _responses_match_openapi() -> Any:
     """Fail a test during which an answer contradicted the OpenAPI document (even if code swallowed it)."""
-    from openapi_check import forget_served
+    from tests.openapi_check import forget_served
 
     _MISMATCHES.clear()
     forget_served()
@@ -57,3 +58,22 @@ def _responses_match_openapi() -> Any:
     seen = list(_MISMATCHES)
     _MISMATCHES.clear()
     assert not seen, "answers the OpenAPI document does not describe:\n" + "\n".join(seen)
+
+
+# ---- no test leaves a task, a thread or a child process behind (see tests/support/leaks.py) ------------
+
+_RUNNER = "_function_scoped_runner"  # pytest-asyncio's per-test event loop
+
+
+@pytest.fixture(autouse=True)
+def _leaves_nothing_running(request: pytest.FixtureRequest) -> Any:
+    """Fail a test that leaves a pending task, a live thread or a running child process behind.
+
+    Set up after the session- and module-scoped fixtures (their services are not counted), and, for an
+    async test, after its event loop, so that the loop is still open when this teardown looks at it.
+    """
+    loop = request.getfixturevalue(_RUNNER).get_loop() if _RUNNER in request.fixturenames else None
+    before = leaks.snapshot()
+    yield
+    found = leaks.leaks(before, loop)
+    assert not found, "left running after the test:\n" + "\n".join(found)

@@ -17,7 +17,7 @@ from functools import lru_cache
 from typing import Any
 
 import httpx
-from referencing import Registry, Resource
+from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
 from connector.contract.schemas import wire_validator
@@ -41,7 +41,7 @@ def _compiled(document_json: str) -> tuple[dict[str, Any], list[tuple[re.Pattern
     for template in document.get("paths", {}):
         pattern = "^" + re.sub(r"\\\{[^}]+\\\}", "[^/]+", re.escape(template)) + "$"
         templates.append((re.compile(pattern), template))
-    registry: Registry[Any] = Registry().with_resource(_DOC_URI, Resource(document, DRAFT202012))
+    registry: Registry[Any] = Registry().with_resource(_DOC_URI, DRAFT202012.create_resource(document))
     return document, templates, registry
 
 

@@ -10,7 +10,9 @@ from types import ModuleType
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "arch_metrics.py"
+from tests.support.paths import REPO
+
+SCRIPT = REPO / "scripts" / "arch_metrics.py"
 
 
 @pytest.fixture(scope="module")

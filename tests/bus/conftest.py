@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from .broker import NatsServer
+from tests.bus.broker import NatsServer
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ with its Bus face, a broker spy, and directive builders."""
 from __future__ import annotations
 
 import base64
-import copy
 import hashlib
 import json
 import secrets
@@ -21,17 +20,14 @@ from nats.aio.msg import Msg
 
 from connector.assembly import Assembled, ConnectorConfig, assemble, provider_factory
 from connector.bus.client import BusClient
-from connector.catalog.keys import load_private_key
-from connector.catalog.signing import sign_catalog
-from connector.core.authority import make_grant
 from connector.core.scope import DiscoveryScope
-from connector.storage.principals import add_principal
 from providers.base import ObservationSink, Provider, ProviderCapabilities, ProviderSession
+from tests.support.catalogs import command_action, signed_catalog
+from tests.support.directives import HEART_RATE, scan_directive
+from tests.support.fixtures import write_fixture
+from tests.support.paths import SHIPPED_TRUST
+from tests.support.principals import Tokens, create_principals
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-TEST_KEY = REPO_ROOT / "tests" / "keys" / "26d160dae106b7bb.key"
-TRUST_DIR = REPO_ROOT / "catalog" / "trust"
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 ENVIRONMENT = "0000181a-0000-1000-8000-00805f9b34fb"
 TEST_VID, TEST_PID = 0x1209, 0x0001  # pid.codes test id
 HTTP = "_http._tcp.local."
@@ -45,33 +41,12 @@ STUBBORN = "test.stubborn"
 
 def write_catalog(directory: Path) -> Path:
     """The example catalog plus async commands (sleep, fail, uncancelable), signed with the test key."""
-    document: dict[str, Any] = copy.deepcopy(json.loads((REPO_ROOT / "catalog" / "actions.json").read_text()))
-    commands = (
-        (SLEEP, "import time; time.sleep(60)", "terminate"),
-        (FAIL, "raise SystemExit(3)", "terminate"),
-        (STUBBORN, "import time; time.sleep(3)", "none"),
-    )
-    for action_id, code, cancel in commands:
-        document["actions"].append(
-            {
-                "action_id": action_id,
-                "class": "command",
-                "execution_mode_support": "async-only",
-                "deferred_profile": {"preferred_max_ttl_seconds": 300, "retry_after_seconds": 1},
-                "command": {
-                    "argv": ["python3", "-c", code],
-                    "timeout_ms": 60000,
-                    "cancel": cancel,
-                    "input": "none",
-                },
-            }
-        )
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "actions.json"
-    path.write_text(json.dumps(document, indent=2) + "\n", encoding="utf-8")
-    signature = sign_catalog(document, load_private_key(TEST_KEY))
-    path.with_name("actions.json.sig").write_text(json.dumps(signature) + "\n", encoding="utf-8")
-    return path
+    commands = [
+        command_action(SLEEP, ["python3", "-c", "import time; time.sleep(60)"]),
+        command_action(FAIL, ["python3", "-c", "raise SystemExit(3)"]),
+        command_action(STUBBORN, ["python3", "-c", "import time; time.sleep(3)"], cancel="none"),
+    ]
+    return signed_catalog(directory, commands)
 
 
 # ---- canaries ----------------------------------------------------------------------------------------------
@@ -121,23 +96,6 @@ def needles(values: Mapping[str, str]) -> dict[str, bytes]:
         found[f"{name}/sha1"] = hashlib.sha1(raw).hexdigest().encode()
         found[f"{name}/base64"] = base64.b64encode(raw).rstrip(b"=")
     return found
-
-
-def write_fixture(path: Path, transport: str, lines: Sequence[Mapping[str, Any]]) -> Path:
-    """A synthesised `sensorium-hw-fixture.v1` JSON Lines file."""
-    header: dict[str, Any] = {
-        "fixture": "sensorium-hw-fixture.v1",
-        "transport": transport,
-        "source": "synthesised",
-        "recorded_at": "2026-11-30T09:00:00Z",
-        "versions": {"generator": "tests/bus", "format": 1},
-        "notes": "Synthesised by a Bus test.",
-    }
-    if transport == "ble":
-        header["adapter"] = "hci0"
-    text = "\n".join(json.dumps(line, separators=(",", ":")) for line in (header, *lines))
-    path.write_text(text + "\n", encoding="utf-8")
-    return path
 
 
 def canary_fixtures(directory: Path, c: Canaries) -> dict[str, Path]:
@@ -196,29 +154,9 @@ def canary_fixtures(directory: Path, c: Canaries) -> dict[str, Path]:
 # ---- directives --------------------------------------------------------------------------------------------
 
 
-def scan_directive(transport: str, window_seconds: int, filters: Mapping[str, Any]) -> dict[str, Any]:
-    """An async v2 discovery directive."""
-    return {
-        "schema": "sensorium-directive.v1",
-        "action_id": SCAN,
-        "timing": {"mode": "async", "status_versions": [2]},
-        "input": {"transport": transport, "window_seconds": window_seconds, "filters": dict(filters)},
-    }
-
-
 def ble_scan(window_seconds: int = 2, **filters: Any) -> dict[str, Any]:
     """A heart-rate BLE scan."""
-    return scan_directive("ble", window_seconds, {"service_uuids": [HEART_RATE], **filters})
-
-
-def command_directive(action_id: str, input_value: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """An async command directive."""
-    return {
-        "schema": "sensorium-directive.v1",
-        "action_id": action_id,
-        "timing": {"mode": "async"},
-        "input": dict(input_value or {}),
-    }
+    return scan_directive(window_seconds, filters={"service_uuids": [HEART_RATE], **filters})
 
 
 # ---- the environment ---------------------------------------------------------------------------------------
@@ -232,7 +170,7 @@ class BusEnv:
     canaries: Canaries
     fixtures: dict[str, Path]
     catalog: Path
-    tokens: dict[str, str]
+    tokens: Tokens
 
     @property
     def data_dir(self) -> Path:
@@ -244,7 +182,7 @@ class BusEnv:
         fields: dict[str, Any] = {
             "data_dir": self.data_dir,
             "catalog": self.catalog,
-            "trust_dir": TRUST_DIR,
+            "trust_dir": SHIPPED_TRUST,
             "replay": self.fixtures,
             "nats_url": nats_url,
         }
@@ -257,12 +195,8 @@ def make_env(root: Path) -> BusEnv:
     canaries = Canaries()
     data_dir = root / "data"
     data_dir.mkdir(parents=True)
-    alice_grants = [make_grant(a) for a in (SCAN, REDACT, SLEEP, FAIL, STUBBORN)]
-    tokens = {
-        "alice": add_principal(data_dir, "alice", "caller", alice_grants),
-        "bob": add_principal(data_dir, "bob", "caller", [make_grant(SCAN)]),
-        "ops": add_principal(data_dir, "ops", "operator", []),
-    }
+    callers = {"alice": (SCAN, REDACT, SLEEP, FAIL, STUBBORN), "bob": (SCAN,)}
+    tokens = create_principals(data_dir, callers, ["ops"])
     return BusEnv(
         root, canaries, canary_fixtures(root / "fixtures", canaries), write_catalog(root / "cat"), tokens
     )
@@ -366,13 +300,6 @@ async def spying(url: str) -> AsyncIterator[Spy]:
     finally:
         await nc.flush()
         await nc.close()
-
-
-async def wait_for(predicate: Any, timeout: float = 10.0, interval: float = 0.02) -> None:
-    """Poll a no-argument predicate until it is true."""
-    with anyio.fail_after(timeout):
-        while not predicate():
-            await anyio.sleep(interval)
 
 
 async def watch_states(bus: BusClient, op: str, *, poll_interval: float | None = 0.5) -> list[str]:

@@ -12,19 +12,12 @@ from typing import Any
 import anyio
 import pytest
 
-from .broker import NatsServer
-from .processes import cli_argv, cli_env, start_serve
-from .support import (
-    FAIL,
-    SLEEP,
-    ble_scan,
-    client,
-    command_directive,
-    make_env,
-    running_connector,
-    spying,
-    wait_for,
-)
+from tests.bus.broker import NatsServer
+from tests.bus.processes import start_bus_serve
+from tests.bus.support import FAIL, SLEEP, ble_scan, client, make_env, running_connector, spying
+from tests.support.directives import command_directive
+from tests.support.serving import cli_argv, cli_env
+from tests.support.waiting import wait_until
 
 
 async def run_cli(*args: str, token: str | None, timeout: float = 60.0) -> tuple[int, str, str]:
@@ -86,7 +79,7 @@ async def test_watch_exits_with_the_terminal_state(tmp_path: Path, broker: NatsS
             tg.start_soon(watch, "cli-done")
             tg.start_soon(watch, "cli-cancelled", "--json")
             tg.start_soon(watch, "cli-failed")
-            await wait_for(lambda: len(_asked(spy)) == 3, timeout=30)
+            await wait_until(lambda: len(_asked(spy)) == 3, timeout=30)
             await bus.start(ble_scan(1), op="cli-done")
             await bus.start(command_directive(SLEEP), op="cli-cancelled")
             await bus.start(command_directive(FAIL), op="cli-failed")
@@ -155,7 +148,7 @@ async def test_serve_killed_mid_scan_reports_lost_once_to_a_waiting_watcher(
 ) -> None:
     env = make_env(tmp_path)
     token = env.tokens["alice"]
-    first = await anyio.to_thread.run_sync(start_serve, env, broker.url, "serve-1")
+    first = await anyio.to_thread.run_sync(start_bus_serve, env, broker.url, "serve-1")
     watcher: subprocess.Popen[bytes] | None = None
     try:
         async with spying(broker.url) as spy, client(broker.url, token) as bus:
@@ -165,16 +158,16 @@ async def test_serve_killed_mid_scan_reports_lost_once_to_a_waiting_watcher(
             # The watcher is following the running scan once it said so (a loaded machine starts it late).
             seen = await anyio.to_thread.run_sync(_lines_until, watcher, "running")
             first.kill9()
-            second = await anyio.to_thread.run_sync(start_serve, env, broker.url, "serve-2")
+            second = await anyio.to_thread.run_sync(start_bus_serve, env, broker.url, "serve-2")
             try:
                 code = await anyio.to_thread.run_sync(lambda: watcher.wait(timeout=30))
                 got = await bus.get("kill-1")
-                await wait_for(lambda: spy.done("kill-1"), timeout=30)
+                await wait_until(lambda: spy.done("kill-1"), timeout=30)
                 # A marker, not a pause: serve-2 answers a later request on the same connection, so any
                 # second `lost` it published before has reached the spy once the spy holds that answer.
                 answered = len(spy.replies())
                 await bus.get("kill-1")
-                await wait_for(lambda: len(spy.replies()) > answered, timeout=30)
+                await wait_until(lambda: len(spy.replies()) > answered, timeout=30)
             finally:
                 await anyio.to_thread.run_sync(second.stop)
         lines = seen + _lines(watcher)
@@ -183,7 +176,7 @@ async def test_serve_killed_mid_scan_reports_lost_once_to_a_waiting_watcher(
         assert got["error_code"] == "interrupted-by-restart"
         [lost] = spy.done("kill-1")
         assert (lost["state"], lost["reason"]) == ("lost", "interrupted-by-restart")
-        logs = first.stderr_path.read_bytes() + second.stderr_path.read_bytes()
+        logs = first.log.read_bytes() + second.log.read_bytes()
         assert b"kill-1" not in logs and b"serving on" in logs
     finally:
         if first.process.poll() is None:

@@ -15,8 +15,7 @@ from nats.aio.msg import Msg
 
 from connector.bus.client import BusClient, BusRefused
 from connector.bus.messages import Subjects, encode
-
-from .broker import NatsServer
+from tests.bus.broker import NatsServer
 
 SUBJECTS = Subjects.for_service("svc-test")
 TOKEN = "test-token"

@@ -15,9 +15,8 @@ from nats.errors import NoRespondersError
 from connector.bus.client import BusRefused
 from connector.service.answers import Accepted
 from connector.storage.registry import OperationRecord
-
-from .broker import NatsServer
-from .support import (
+from tests.bus.broker import NatsServer
+from tests.bus.support import (
     FAIL,
     REDACT,
     SCAN,
@@ -26,13 +25,13 @@ from .support import (
     CountingProviders,
     ble_scan,
     client,
-    command_directive,
     make_env,
     running_connector,
     spying,
-    wait_for,
     watch_states,
 )
+from tests.support.directives import command_directive
+from tests.support.waiting import wait_until
 
 TERMINAL = {"done", "failed", "cancelled", "lost"}
 
@@ -107,7 +106,7 @@ async def test_scan_start_get_done_and_retries_join_the_same_work(tmp_path: Path
         assert await bus.start(ble_scan(2), op="scan-1") == {"op": "scan-1", "state": "done"}
         # The operation id is a handle too.
         assert (await bus.get(record.operation_id))["state"] == "done"
-        await wait_for(lambda: spy.done("scan-1"))
+        await wait_until(lambda: spy.done("scan-1"))
         await anyio.sleep(0.5)
     assert providers.starts == 1
     [done] = spy.done("scan-1")
@@ -134,7 +133,7 @@ async def test_a_handle_is_bound_to_its_directive(tmp_path: Path, broker: NatsSe
         assert other_window.value.code == "idempotency-conflict"
         assert other_window.value.reply["state"] in ("queued", "running")
         with pytest.raises(BusRefused) as other_action:
-            await bus.start(command_directive(REDACT, {"text": "x"}), op="scan-2")
+            await bus.start(command_directive(REDACT, input={"text": "x"}), op="scan-2")
         assert other_action.value.code == "idempotency-conflict"
         assert other_action.value.reply["op"] == "scan-2"
         assert (await bus.cancel("scan-2"))["cancelled"] is True
@@ -149,7 +148,8 @@ async def test_command_actions_start_get_cancel_done(tmp_path: Path, broker: Nat
         running_connector(env, broker.url) as assembled,
         client(broker.url, env.tokens["alice"]) as bus,
     ):
-        started = await bus.start(command_directive(REDACT, {"text": "mail a@b.example"}), op="redact-1")
+        redact = command_directive(REDACT, input={"text": "mail a@b.example"})
+        started = await bus.start(redact, op="redact-1")
         assert started["op"] == "redact-1" and started["state"] in ("queued", "running")
         states = await watch_states(bus, "redact-1", poll_interval=0.2)
         assert states[-1] == "done" and set(states) <= {"queued", "running", "done"}
@@ -179,7 +179,7 @@ async def test_command_actions_start_get_cancel_done(tmp_path: Path, broker: Nat
 
         for op in ("redact-1", "sleep-1", "fail-1"):
             await _terminal(assembled.registry, "alice", op)
-        await wait_for(lambda: all(spy.done(op) for op in ("redact-1", "sleep-1", "fail-1")))
+        await wait_until(lambda: all(spy.done(op) for op in ("redact-1", "sleep-1", "fail-1")))
         await anyio.sleep(0.5)
     assert [d["state"] for d in spy.done("redact-1")] == ["done"]
     assert [d["state"] for d in spy.done("sleep-1")] == ["cancelled"]
@@ -204,7 +204,7 @@ async def test_scan_cancel_is_confirmed_and_announced_once(tmp_path: Path, broke
         assert (await watch_states(bus, "long-scan", poll_interval=0.2))[-1] == "cancelled"
         final = await bus.get("long-scan")
         assert final["cancellation"]["state"] == "confirmed" and final["cleanup"]["claim"] == "released"
-        await wait_for(lambda: spy.done("long-scan"))
+        await wait_until(lambda: spy.done("long-scan"))
         await anyio.sleep(0.5)
     assert [d["state"] for d in spy.done("long-scan")] == ["cancelled"]
 
@@ -243,7 +243,7 @@ async def test_broker_restart_mid_operation_loses_no_outcome(tmp_path: Path, bro
         with anyio.fail_after(30):
             async with anyio.create_task_group() as tg:
                 tg.start_soon(watch)
-                await wait_for(lambda: bool(states))
+                await wait_until(lambda: bool(states))
                 broker.kill()
                 # The scan ends while the broker is gone: its op.done cannot go out now.
                 await _terminal(assembled.registry, "alice", "outage-1")
@@ -252,7 +252,7 @@ async def test_broker_restart_mid_operation_loses_no_outcome(tmp_path: Path, bro
         assert states[-1] == "done"
         # The connector answers again once it has reconnected: a cancel of the other operation works.
         assert (await _answered(lambda: bus.cancel("outage-2")))["cancelled"] is True
-        await wait_for(lambda: spy.done("outage-1") and spy.done("outage-2"))
+        await wait_until(lambda: spy.done("outage-1") and spy.done("outage-2"))
         await anyio.sleep(0.5)
     assert [d["state"] for d in spy.done("outage-1")] == ["done"]
     assert [d["state"] for d in spy.done("outage-2")] == ["cancelled"]
@@ -268,7 +268,7 @@ async def test_interrupted_operations_are_lost_exactly_once_across_restarts(
         assert (await bus.get("cut-1"))["state"] in ("queued", "running")
     async with spying(broker.url) as spy:
         async with running_connector(env, broker.url), client(broker.url, env.tokens["alice"]) as bus:
-            await wait_for(lambda: spy.done("cut-1"))
+            await wait_until(lambda: spy.done("cut-1"))
             got = await bus.get("cut-1")
             assert (got["state"], got["reason"], got["status"]) == (
                 "lost",
@@ -288,14 +288,15 @@ async def test_outcomes_reached_while_the_bus_was_away_are_announced_within_rete
 ) -> None:
     env = make_env(tmp_path)
     async with running_connector(env, None, host_retention_seconds=4) as assembled:
-        old = await assembled.host.admit(env.tokens["alice"], command_directive(REDACT, {"text": "a"}))
+        old = await assembled.host.admit(env.tokens["alice"], command_directive(REDACT, input={"text": "a"}))
         assert isinstance(old, Accepted)
         old_id = old.handle["operation/id"]
         with anyio.fail_after(15):
             while not ((r := await assembled.registry.get(old_id)) and r.terminal):
                 await anyio.sleep(0.05)
         await anyio.sleep(4.5)  # now older than the retention
-        recent = await assembled.host.admit(env.tokens["alice"], command_directive(REDACT, {"text": "b"}))
+        redact = command_directive(REDACT, input={"text": "b"})
+        recent = await assembled.host.admit(env.tokens["alice"], redact)
         assert isinstance(recent, Accepted)
         recent_id = recent.handle["operation/id"]
         with anyio.fail_after(15):
@@ -306,7 +307,7 @@ async def test_outcomes_reached_while_the_bus_was_away_are_announced_within_rete
         running_connector(env, broker.url, host_retention_seconds=4),
         client(broker.url, env.tokens["alice"]) as bus,
     ):
-        await wait_for(lambda: spy.done(recent_id))
+        await wait_until(lambda: spy.done(recent_id))
         assert (await bus.get(recent_id))["state"] == "done"
         assert await bus.get(old_id) == {"op": old_id, "state": "unknown"}
         await anyio.sleep(4.5)
@@ -412,7 +413,7 @@ async def test_healthz_waits_for_the_bus(tmp_path: Path) -> None:
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as http:
                 assert (await http.get("/healthz")).status_code == 503
                 await anyio.to_thread.run_sync(server.start)
-                await wait_for(lambda: assembled.readiness.bus_subscribed, timeout=15)
+                await wait_until(lambda: assembled.readiness.bus_subscribed, timeout=15)
                 assert (await http.get("/healthz")).status_code == 200
             async with client(server.url, env.tokens["alice"]) as bus:
                 assert (await bus.start(ble_scan(1), op="late"))["state"] in ("queued", "running")
@@ -453,7 +454,8 @@ async def test_an_unreachable_broker_delays_readiness_and_not_the_shutdown(tmp_p
             assert assembled.readiness.interrupted_marked and not assembled.readiness.bus_subscribed
             assert not assembled.readiness.ready
             # HTTP keeps working without the Bus.
-            answer = await assembled.host.admit(env.tokens["alice"], command_directive(REDACT, {"text": "a"}))
+            redact = command_directive(REDACT, input={"text": "a"})
+            answer = await assembled.host.admit(env.tokens["alice"], redact)
             assert isinstance(answer, Accepted)
 
 

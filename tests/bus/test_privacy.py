@@ -16,9 +16,8 @@ from typing import Any
 import anyio
 import pytest
 
-from .broker import NatsServer
-from .support import (
-    HEART_RATE,
+from tests.bus.broker import NatsServer
+from tests.bus.support import (
     HTTP,
     TEST_PID,
     TEST_VID,
@@ -26,11 +25,11 @@ from .support import (
     make_env,
     needles,
     running_connector,
-    scan_directive,
     spying,
-    wait_for,
     watch_states,
 )
+from tests.support.directives import HEART_RATE, scan_directive
+from tests.support.waiting import wait_until
 
 
 def _labels(status: dict[str, Any]) -> list[str]:
@@ -55,9 +54,11 @@ async def test_no_canary_reaches_any_bus_message(tmp_path: Path, broker: NatsSer
     c = env.canaries
     token = env.tokens["alice"]
     directives = {
-        "ble": scan_directive("ble", 2, {"service_uuids": [HEART_RATE], "name_prefix": c.ble_name_prefix}),
-        "usb-serial": scan_directive("usb-serial", 2, {"vid_pid": [{"vid": TEST_VID, "pid": TEST_PID}]}),
-        "mdns": scan_directive("mdns", 2, {"service_types": [HTTP]}),
+        "ble": scan_directive(2, filters={"service_uuids": [HEART_RATE], "name_prefix": c.ble_name_prefix}),
+        "usb-serial": scan_directive(
+            2, transport="usb-serial", filters={"vid_pid": [{"vid": TEST_VID, "pid": TEST_PID}]}
+        ),
+        "mdns": scan_directive(2, transport="mdns", filters={"service_types": [HTTP]}),
     }
     labels: dict[str, list[str]] = {}
     async with (
@@ -81,13 +82,13 @@ async def test_no_canary_reaches_any_bus_message(tmp_path: Path, broker: NatsSer
             assert (await bus.get(op))["disclosed_count"] == 1
             assert (await bus.cancel(op))["cancelled"] is False
         # A cancelled scan of the same canary device, read back afterwards.
-        await bus.start(scan_directive("ble", 30, {"service_uuids": [HEART_RATE]}), op="priv-cancel")
+        await bus.start(scan_directive(30), op="priv-cancel")
         await anyio.sleep(0.6)
         assert (await bus.cancel("priv-cancel"))["cancelled"] is True
         assert (await watch_states(bus, "priv-cancel", poll_interval=0.3))[-1] == "cancelled"
         await bus.get("priv-cancel")
         ops = [*(f"priv-{t}" for t in directives), "priv-cancel"]
-        await wait_for(lambda: all(spy.done(op) for op in ops))
+        await wait_until(lambda: all(spy.done(op) for op in ops))
         await anyio.sleep(0.3)
 
     # The data was there: the authorised caller saw the canary devices, over the private path only.

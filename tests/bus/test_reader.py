@@ -13,10 +13,10 @@ import pytest
 from connector.bus.adapter import BusAdapter, BusSettings
 from connector.bus.reader import RegistryReader
 from connector.storage.registry import DeferredRegistry
-
-from .broker import NatsServer
-from .support import ble_scan, client, command_directive, make_env, running_connector
-from .test_messages import NOW, OP_ID, record
+from tests.bus.broker import NatsServer
+from tests.bus.support import ble_scan, client, make_env, running_connector
+from tests.bus.test_messages import NOW, OP_ID, record
+from tests.support.directives import command_directive
 
 
 @pytest.mark.asyncio
@@ -96,7 +96,7 @@ async def test_fast_and_fallback_answers_are_the_same(tmp_path: Path, broker: Na
 async def _compare(adapter: BusAdapter, bus: Any) -> None:
     """Every answer the same with and without the read-only path."""
     await bus.start(ble_scan(30), op="same-1")
-    await bus.start(command_directive("whisper.redaction.prepare", {"text": "x"}), op="same-2")
+    await bus.start(command_directive("whisper.redaction.prepare", input={"text": "x"}), op="same-2")
     operation_id = (await bus.get("same-1"))["operation/id"]
     assert adapter._reader is not None
     for op in ("same-1", "same-2", operation_id, "nobody"):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from .helpers import Operator, new_operator
+from tests.support.catalogs import Operator, new_operator
 
 
 @pytest.fixture

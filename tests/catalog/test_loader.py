@@ -12,19 +12,9 @@ from connector.catalog.loader import load_verified_catalog
 from connector.catalog.signing import VerifiedCatalog
 from connector.catalog.state import STATE_FILE, highest_accepted_version, record_accepted_version
 from connector.errors import CatalogError
-
-from .helpers import (
-    CANARY,
-    NOW,
-    SHIPPED_CATALOG,
-    SHIPPED_TRUST,
-    TEST_KEYS,
-    Operator,
-    error_text,
-    example_catalog,
-    new_operator,
-    write_signed,
-)
+from tests.catalog.helpers import CANARY, NOW, error_text
+from tests.support.catalogs import Operator, example_catalog, new_operator, write_signed
+from tests.support.paths import SHIPPED_CATALOG, SHIPPED_TRUST, TEST_KEYS
 
 
 def load(operator: Operator, catalog_path: Path, data_dir: Path | None = None) -> VerifiedCatalog:

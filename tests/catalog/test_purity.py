@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 import sys
 
-from .helpers import REPO_ROOT
+from tests.support.paths import REPO
 
 FORBIDDEN = ("anyio", "asyncio", "bleak", "serial", "zeroconf", "aiosqlite", "sqlite3", "fastapi", "nats")
 
@@ -16,6 +16,6 @@ def test_signing_imports_no_io_library() -> None:
         f"print(','.join(m for m in {FORBIDDEN!r} if m in sys.modules))"
     )
     completed = subprocess.run(
-        [sys.executable, "-c", probe], cwd=REPO_ROOT, capture_output=True, text=True, timeout=60, check=True
+        [sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=60, check=True
     )
     assert completed.stdout.strip() == ""

@@ -15,8 +15,8 @@ from connector.catalog.keys import key_id_for
 from connector.catalog.signing import VerifiedCatalog, sign_catalog, verify_catalog
 from connector.core.scope import DiscoveryProfile
 from connector.errors import AdmissionError, CatalogError
-
-from .helpers import CANARY, NOW, error_text, example_catalog
+from tests.catalog.helpers import CANARY, NOW, error_text
+from tests.support.catalogs import example_catalog
 
 PRIVATE = Ed25519PrivateKey.generate()
 TRUSTED: dict[str, Ed25519PublicKey] = {key_id_for(PRIVATE.public_key()): PRIVATE.public_key()}

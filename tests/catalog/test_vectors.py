@@ -13,10 +13,9 @@ from pydantic import BaseModel, ValidationError
 from connector.catalog.signing import parse_catalog, parse_signature
 from connector.contract.catalog_models import ActionCatalog, CatalogSignature
 from connector.errors import CatalogError
+from tests.support.paths import REPO, SHIPPED_CATALOG
 
-from .helpers import REPO_ROOT, SHIPPED_CATALOG
-
-SCHEMAS = REPO_ROOT / "schemas"
+SCHEMAS = REPO / "schemas"
 MODELS: dict[str, type[BaseModel]] = {
     "sensorium-action-catalog.v1": ActionCatalog,
     "sensorium-catalog-signature.v1": CatalogSignature,
@@ -51,7 +50,7 @@ def x_rules(schema: Any) -> dict[int, str]:
         rule = schema.get("x-rule")
         for sub in (schema, schema.get("then"), schema.get("else")) if rule else ():
             if isinstance(sub, dict):
-                found[id(sub)] = rule
+                found[id(sub)] = str(rule)
         for value in schema.values():
             found |= x_rules(value)
     elif isinstance(schema, list):

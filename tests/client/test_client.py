@@ -8,8 +8,6 @@ from pathlib import Path
 
 import httpx
 import pytest
-from host import support as host_support
-from service.support import Harness, RecordingFactory, harness, scan_directive, straps
 
 from connector import client as api
 from connector.contract.models import (
@@ -20,6 +18,9 @@ from connector.contract.models import (
     DiscoveryProgress,
 )
 from providers.faults import ACK, Fault, StopStep
+from tests.api.support import Harness, RecordingFactory, harness, straps
+from tests.host import support as host_support
+from tests.support.directives import scan_directive
 
 BASE = "http://connector.test"
 
@@ -107,7 +108,7 @@ async def test_refusals_are_typed_and_carry_no_input(tmp_path: Path) -> None:
             "/v1/operations/nope",
             None,
             1,
-            ConnectorDeferred.model_construct(),
+            ConnectorDeferred.model_construct(),  # type: ignore[call-arg]  # a handle no connector gave
         )
         with pytest.raises(api.UnknownOperationError):
             await client.status(bogus)
@@ -225,7 +226,7 @@ async def test_through_the_reference_host(tmp_path: Path) -> None:
         async with api.ConnectorClient(
             BASE, tokens.alice, transport=wire, directives_path="/v1/host/directives"
         ) as client:
-            handle = await client.start(host_support.scan_directive(1))
+            handle = await client.start(scan_directive(1))
             assert isinstance(handle.document, DeferredOperation)
             assert handle.status_path == f"/v1/host/operations/{handle.operation_id}"
             final = [status async for status in client.watch(handle, wait_seconds=5)][-1]

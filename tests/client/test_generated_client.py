@@ -18,7 +18,9 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from service.support import RecordingFactory, harness, scan_directive, straps
+
+from tests.api.support import RecordingFactory, harness, straps
+from tests.support.directives import scan_directive
 
 GENERATOR = Path(sys.executable).with_name("openapi-python-client")
 PACKAGE = "sensorium_generated_client"

@@ -16,8 +16,7 @@ from connector.contract.models import (
     validate_wire,
 )
 from connector.contract.schemas import UnknownSchemaError
-
-from .vectors import CATALOG_SCHEMAS, VECTORS, Vector
+from tests.contract.vectors import CATALOG_SCHEMAS, VECTORS, Vector
 
 OPERATION_ID = "deferred:sensorium.directive.invoke:7QKZ4N2VXD5TRM3WBYH6JCLPAE"
 VALID_MINE = [v for v in VECTORS if v.valid and v.schema not in CATALOG_SCHEMAS]

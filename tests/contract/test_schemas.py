@@ -179,5 +179,6 @@ def test_rule_names_reach_through_references() -> None:
 
 @pytest.mark.parametrize("name", MINE)
 def test_non_objects_are_refused_without_crashing(name: str) -> None:
+    document: object
     for document in (None, 1, "text", [], True):
         assert schema_violations(name, document) == [Violation("", "schema")]

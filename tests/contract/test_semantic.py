@@ -13,8 +13,7 @@ from connector.contract.schemas import UnknownSchemaError
 from connector.contract.semantic import STATUS_SCHEMAS, sequence_violations
 from connector.contract.validate import validate
 from connector.contract.violations import Violation, merge, ordered, pointer
-
-from .vectors import CATALOG_SCHEMAS, VECTORS
+from tests.contract.vectors import CATALOG_SCHEMAS, VECTORS
 
 VALID_MINE = [v for v in VECTORS if v.valid and v.schema not in CATALOG_SCHEMAS]
 JSON = st.recursive(

@@ -8,8 +8,7 @@ from connector.contract.schemas import schema_names, schema_rules, schema_violat
 from connector.contract.semantic import SEMANTIC_RULES, STATUS_SCHEMAS
 from connector.contract.validate import validate
 from connector.contract.violations import SCHEMA_RULE
-
-from .vectors import CATALOG_SCHEMAS, INVALID, VECTORS, Vector
+from tests.contract.vectors import CATALOG_SCHEMAS, INVALID, VECTORS, Vector
 
 # The semantic rules SPEC 1 names, each of which must have a vector of its own.
 SPEC_RULES = {

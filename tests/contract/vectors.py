@@ -7,7 +7,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-VECTOR_DIR = Path(__file__).resolve().parents[2] / "schemas" / "vectors"
+from tests.support.paths import REPO
+
+VECTOR_DIR = REPO / "schemas" / "vectors"
 # Schemas owned by the catalog engineer: held to verdicts and rule names, not to identical paths.
 CATALOG_SCHEMAS = frozenset({"sensorium-action-catalog.v1", "sensorium-catalog-signature.v1"})
 

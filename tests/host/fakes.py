@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +18,8 @@ from connector.runtime.kinds import Kind, Observed
 from connector.service.answers import Accepted, Done
 from connector.storage.registry import DeferredRegistry
 from tests.host.records import T0, command_metadata, discovery_metadata, new_op_id
+from tests.support.clocks import ManualClock
+from tests.support.directives import command_directive
 
 ACTIONS = {
     "device.discovery.scan": ActionInfo("device.discovery.scan", "discovery", 1, 300),
@@ -26,21 +27,6 @@ ACTIONS = {
     "test.free": ActionInfo("test.free", "command", 1, None),
 }
 TOKENS = {"alice": "token-alice", "bob": "token-bob", "operator": "token-operator"}
-
-
-class Clock:
-    """A clock tests move by hand."""
-
-    def __init__(self, now: datetime = T0) -> None:
-        self.now = now
-
-    def __call__(self) -> datetime:
-        return self.now
-
-    def advance(self, seconds: float) -> datetime:
-        """Move forward; answer the new now."""
-        self.now += timedelta(seconds=seconds)
-        return self.now
 
 
 class Jitter:
@@ -159,14 +145,14 @@ async def fake_host(
     data_dir: Path,
     *,
     policy: DeferredHostPolicy | None = None,
-    clock: Clock | None = None,
+    clock: ManualClock | None = None,
     jitter: Jitter | None = None,
     port: FakePort | None = None,
-) -> tuple[HostService, FakePort, Clock]:
+) -> tuple[HostService, FakePort, ManualClock]:
     """A host over a scripted connector and a fresh registry (close `host.registry` afterwards)."""
     registry = await DeferredRegistry.open(data_dir)
     port = port or FakePort()
-    clock = clock or Clock()
+    clock = clock or ManualClock(T0)
     host = HostService(
         port, registry, policy or DeferredHostPolicy(), clock, jitter or Jitter(0.0), metrics=HostMetrics()
     )
@@ -175,9 +161,4 @@ async def fake_host(
 
 def directive(action_id: str = "device.discovery.scan", **timing: Any) -> dict[str, Any]:
     """A directive the scripted connector accepts (its contents are not checked)."""
-    return {
-        "schema": "sensorium-directive.v1",
-        "action_id": action_id,
-        "timing": {"mode": "async", **timing},
-        "input": {},
-    }
+    return command_directive(action_id, timing=timing)

@@ -2,117 +2,46 @@
 
 from __future__ import annotations
 
-import copy
-import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 
 from connector.api.host_routes import host_router
 from connector.assembly import Assembled, ConnectorConfig, assemble
-from connector.catalog.keys import load_private_key
-from connector.catalog.signing import sign_catalog
 from connector.contract.validate import validate
-from connector.core.authority import make_grant
-from connector.storage.principals import add_principal
 from providers.base import Provider
+from tests.support import catalogs
+from tests.support.catalogs import command_action
+from tests.support.paths import HW_FIXTURES, REPO
+from tests.support.principals import Tokens, bearer, create_principals
+from tests.support.waiting import poll
 
-REPO = Path(__file__).resolve().parents[2]
-FIXTURES = REPO / "hw-fixtures"
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
-PROGRAMS = REPO / "tests" / "commands" / "programs.py"
+PROGRAMS = REPO / "tests" / "runtime" / "commands" / "programs.py"
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "expired", "unknown"}
 KIND = "sensorium.directive.invoke"
-
-
-@dataclass(frozen=True)
-class Tokens:
-    """Bearer tokens of the test principals."""
-
-    alice: str
-    bob: str
-    operator: str
 
 
 def add_principals(data_dir: Path, extra_actions: tuple[str, ...] = ()) -> Tokens:
     """alice and bob are callers of every example action; `operator` is an operator."""
     actions = ("device.discovery.scan", "whisper.redaction.prepare", "sensorium.os.info", *extra_actions)
-    grants = [make_grant(a) for a in actions]
-    return Tokens(
-        alice=add_principal(data_dir, "alice", "caller", grants),
-        bob=add_principal(data_dir, "bob", "caller", grants),
-        operator=add_principal(data_dir, "operator", "operator"),
-    )
-
-
-def bearer(token: str) -> dict[str, str]:
-    """The Authorization header of a token."""
-    return {"Authorization": f"Bearer {token}"}
-
-
-def scan_directive(window: int = 1, **extra: Any) -> dict[str, Any]:
-    """A heart-rate BLE scan (async, status v2)."""
-    timing: dict[str, Any] = {"mode": "async", "status_versions": [2]}
-    timing.update(extra.pop("timing", {}))
-    directive: dict[str, Any] = {
-        "schema": "sensorium-directive.v1",
-        "action_id": "device.discovery.scan",
-        "timing": timing,
-        "input": {"transport": "ble", "window_seconds": window, "filters": {"service_uuids": [HEART_RATE]}},
-    }
-    directive.update(extra)
-    return directive
-
-
-def command_directive(
-    action_id: str, mode: str = "async", input: dict[str, Any] | None = None, **extra: Any
-) -> dict[str, Any]:
-    """A command action directive."""
-    timing: dict[str, Any] = {"mode": mode}
-    timing.update(extra.pop("timing", {}))
-    directive: dict[str, Any] = {
-        "schema": "sensorium-directive.v1",
-        "action_id": action_id,
-        "timing": timing,
-        "input": input if input is not None else {},
-    }
-    directive.update(extra)
-    return directive
+    return create_principals(data_dir, {"alice": actions, "bob": actions}, ["operator"])
 
 
 def signed_catalog(directory: Path, marker: Path) -> tuple[Path, tuple[str, ...]]:
     """The example catalog plus slow, non-cancelable and flooding commands, signed with the test key."""
-    document: dict[str, Any] = json.loads((REPO / "catalog" / "actions.json").read_text())
-    document = copy.deepcopy(document)
-    program = ["python3", str(PROGRAMS)]
-    profile = {"preferred_max_ttl_seconds": 600, "retry_after_seconds": 1}
+    sleep = ["python3", str(PROGRAMS), "sleep", str(marker), "60"]
+    flood = ["python3", str(PROGRAMS), "flood", "4000"]
     extra = [
-        ("test.slow", ["sleep", str(marker), "60"], "terminate"),
-        ("test.stubborn", ["sleep", str(marker), "60"], "none"),
-        ("test.flood", ["flood", "4000"], "terminate"),
+        command_action("test.slow", sleep, ttl_seconds=600),
+        command_action("test.stubborn", sleep, cancel="none", ttl_seconds=600),
+        command_action("test.flood", flood, ttl_seconds=600),
     ]
-    for action_id, args, cancel in extra:
-        document["actions"].append(
-            {
-                "action_id": action_id,
-                "class": "command",
-                "execution_mode_support": "async-only",
-                "deferred_profile": profile,
-                "command": {"argv": program + args, "timeout_ms": 60000, "cancel": cancel, "input": "none"},
-            }
-        )
-    directory.mkdir(parents=True, exist_ok=True)
-    path = directory / "actions.json"
-    key = load_private_key(REPO / "tests" / "keys" / "26d160dae106b7bb.key")
-    path.write_text(json.dumps(document, indent=2))
-    path.with_name("actions.json.sig").write_text(json.dumps(sign_catalog(document, key)))
-    return path, tuple(action_id for action_id, _, _ in extra)
+    path = catalogs.signed_catalog(directory, extra)
+    return path, tuple(action["action_id"] for action in extra)
 
 
 def check(schema: str, document: Any) -> None:
@@ -141,7 +70,7 @@ async def host_app(
         data_dir=data_dir,
         catalog=config.pop("catalog", REPO / "catalog" / "actions.json"),
         trust_dir=REPO / "catalog" / "trust",
-        replay=replay if replay is not None else {"ble": FIXTURES / "ble-heart-rate-lab.jsonl"},
+        replay=replay if replay is not None else {"ble": HW_FIXTURES / "ble-heart-rate-lab.jsonl"},
         replay_speed=replay_speed,
         **config,
     )
@@ -164,15 +93,14 @@ async def poll_until(
     timeout: float = 15.0,
 ) -> list[dict[str, Any]]:
     """GET `path` until `done(body)`; every answer is returned (in order)."""
-    seen: list[dict[str, Any]] = []
-    with anyio.fail_after(timeout):
-        while True:
-            response = await client.get(path, headers=bearer(token))
-            assert response.status_code == 200, response.text
-            seen.append(response.json())
-            if done(seen[-1]):
-                return seen
-            await anyio.sleep(0.05)
+
+    async def get() -> dict[str, Any]:
+        response = await client.get(path, headers=bearer(token))
+        assert response.status_code == 200, response.text
+        body: dict[str, Any] = response.json()
+        return body
+
+    return await poll(get, done, timeout=timeout)
 
 
 def terminal(body: dict[str, Any]) -> bool:

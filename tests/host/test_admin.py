@@ -10,17 +10,9 @@ import anyio
 import pytest
 
 from connector.contract.canonical import sha256_hex
-from tests.host.support import (
-    add_principals,
-    bearer,
-    check,
-    command_directive,
-    host_app,
-    poll_until,
-    scan_directive,
-    signed_catalog,
-    terminal,
-)
+from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog, terminal
+from tests.support.directives import command_directive, scan_directive
+from tests.support.principals import bearer
 
 pytestmark = pytest.mark.asyncio
 ADMIN = "/v1/admin/deferred-operations"
@@ -85,7 +77,7 @@ async def test_list_and_detail_show_the_durable_projection_and_history_digests(t
         causal = {"operation/id": "causal:scan-1"}
         scan = await client.post(
             "/v1/host/directives",
-            json=scan_directive(1, **{"causal/context": causal, "correlation/id": "corr-1"}),
+            json=scan_directive(1, extra={"causal/context": causal, "correlation/id": "corr-1"}),
             headers=bearer(tokens.alice),
         )
         polls = await poll_until(client, scan.json()["status_href"], tokens.alice, terminal)

@@ -10,6 +10,7 @@ import pytest
 from connector.core.lifecycle import Status
 from connector.host import documents
 from connector.host.receipts import execution_receipt, finished_at, record_receipt
+from connector.runtime.kinds import Kind
 from connector.storage.registry import HistoryEvent
 from tests.host.records import T0, command_metadata, discovery_metadata, record
 from tests.host.support import check
@@ -120,7 +121,7 @@ def test_policy_fields_replace_the_connectors() -> None:
     ],
 )
 def test_concluded_metadata_names_the_host_decided_end(
-    kind: str, status: Status, code: str | None, expected: dict[str, Any]
+    kind: Kind, status: Status, code: str | None, expected: dict[str, Any]
 ) -> None:
     op = record(kind=kind).operation_id
     source = (

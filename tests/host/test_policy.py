@@ -14,10 +14,11 @@ from connector.core.policy import DeferredHostPolicy
 from connector.errors import SensoriumError
 from connector.service.answers import Accepted, Done, public_refusal
 from connector.storage.registry import REGISTRY_RELATIVE_PATH
-from tests.host.fakes import TOKENS, Clock, Jitter, fake_host
+from tests.host.fakes import TOKENS, Jitter, fake_host
 from tests.host.fakes import directive as make_directive
 from tests.host.records import T0
 from tests.host.support import check, parse_time
+from tests.support.clocks import ManualClock
 
 pytestmark = pytest.mark.asyncio
 ALICE = TOKENS["alice"]
@@ -213,7 +214,7 @@ async def test_a_row_that_cannot_be_recorded_stops_the_work_and_refuses(tmp_path
 
 
 async def test_the_clock_passed_in_is_the_one_used(tmp_path: Path) -> None:
-    host, _, _ = await fake_host(tmp_path, clock=Clock(T0 + timedelta(days=3)))
+    host, _, _ = await fake_host(tmp_path, clock=ManualClock(T0 + timedelta(days=3)))
     try:
         answer = await host.admit(ALICE, make_directive())
         assert isinstance(answer, Accepted) and answer.handle["created_at"] == "2027-01-04T12:00:00.000Z"

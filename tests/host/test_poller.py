@@ -16,16 +16,17 @@ from connector.host.documents import record_document
 from connector.host.poller import Poller
 from connector.host.service import HostService
 from connector.service.answers import Accepted
-from tests.host.fakes import TOKENS, Clock, FakePort, Jitter, fake_host
+from tests.host.fakes import TOKENS, FakePort, Jitter, fake_host
 from tests.host.fakes import directive as make_directive
 from tests.host.records import T0
 from tests.host.support import check
+from tests.support.clocks import ManualClock
 
 pytestmark = pytest.mark.asyncio
 
 
 @pytest_asyncio.fixture
-async def setup(tmp_path: Path) -> AsyncIterator[tuple[HostService, FakePort, Clock]]:
+async def setup(tmp_path: Path) -> AsyncIterator[tuple[HostService, FakePort, ManualClock]]:
     host, port, clock = await fake_host(tmp_path)
     try:
         yield host, port, clock
@@ -42,7 +43,7 @@ async def _admit(
     return str(answer.handle["operation/id"])
 
 
-async def test_only_due_operations_are_polled(setup: tuple[HostService, FakePort, Clock]) -> None:
+async def test_only_due_operations_are_polled(setup: tuple[HostService, FakePort, ManualClock]) -> None:
     host, port, _clock = setup
     op_id = await _admit(host, port, "whisper.redaction.prepare", retry_after_seconds=5)
     port.ops[op_id].status = "running"
@@ -86,7 +87,7 @@ async def test_the_cadence_stays_within_the_clamped_hint_and_ten_percent_jitter(
 
 
 async def test_an_operation_past_expires_at_ends_expired_and_its_work_is_stopped(
-    setup: tuple[HostService, FakePort, Clock],
+    setup: tuple[HostService, FakePort, ManualClock],
 ) -> None:
     host, port, _clock = setup
     op_id = await _admit(host, port, fail_after_seconds=10)
@@ -107,7 +108,7 @@ async def test_an_operation_past_expires_at_ends_expired_and_its_work_is_stopped
 
 
 async def test_a_terminal_status_at_the_expiry_poll_wins_over_expiry(
-    setup: tuple[HostService, FakePort, Clock],
+    setup: tuple[HostService, FakePort, ManualClock],
 ) -> None:
     host, port, _ = setup
     op_id = await _admit(host, port, fail_after_seconds=10)
@@ -141,7 +142,7 @@ async def test_max_attempts_polls_without_an_end_expire_the_operation(tmp_path: 
 
 
 async def test_a_connector_that_forgot_the_operation_makes_it_unknown_and_terminal(
-    setup: tuple[HostService, FakePort, Clock],
+    setup: tuple[HostService, FakePort, ManualClock],
 ) -> None:
     host, port, _ = setup
     op_id = await _admit(host, port)
@@ -154,7 +155,9 @@ async def test_a_connector_that_forgot_the_operation_makes_it_unknown_and_termin
     assert await host.poll_due(T0 + timedelta(days=1)) == 0  # no retry loop on unknown
 
 
-async def test_a_failing_poll_is_counted_and_rescheduled(setup: tuple[HostService, FakePort, Clock]) -> None:
+async def test_a_failing_poll_is_counted_and_rescheduled(
+    setup: tuple[HostService, FakePort, ManualClock],
+) -> None:
     host, port, _ = setup
     op_id = await _admit(host, port)
     port.failing = RuntimeError("backend detail that must not be logged")
@@ -170,7 +173,9 @@ async def test_a_failing_poll_is_counted_and_rescheduled(setup: tuple[HostServic
     assert record is not None and record.status == "running" and record.attempts == 2
 
 
-async def test_a_too_large_command_status_ends_failed(setup: tuple[HostService, FakePort, Clock]) -> None:
+async def test_a_too_large_command_status_ends_failed(
+    setup: tuple[HostService, FakePort, ManualClock],
+) -> None:
     host, port, _ = setup
     host.policy = DeferredHostPolicy(max_response_bytes=2000)
     op_id = await _admit(host, port, "whisper.redaction.prepare")
@@ -183,7 +188,7 @@ async def test_a_too_large_command_status_ends_failed(setup: tuple[HostService, 
 
 
 async def test_racing_polls_of_one_operation_record_one_end(
-    setup: tuple[HostService, FakePort, Clock],
+    setup: tuple[HostService, FakePort, ManualClock],
 ) -> None:
     host, port, _ = setup
     op_id = await _admit(host, port)

@@ -18,15 +18,10 @@ import pytest
 
 from connector.storage.registry import DeferredRegistry
 from tests.host.records import record
-from tests.host.support import (
-    HEART_RATE,
-    add_principals,
-    bearer,
-    check,
-    host_app,
-    poll_until,
-    terminal,
-)
+from tests.host.support import add_principals, check, host_app, poll_until, terminal
+from tests.support.directives import HEART_RATE
+from tests.support.fixtures import write_fixture
+from tests.support.principals import bearer
 
 pytestmark = pytest.mark.asyncio
 CANARIES = {
@@ -40,21 +35,6 @@ CANARIES = {
     "mdns_txt": "CNRYtxt9d0c",
     "mdns_prefix": "CNRYmdns21aa",
 }
-HEADER = {
-    "fixture": "sensorium-hw-fixture.v1",
-    "source": "synthesised",
-    "recorded_at": "2027-01-01T00:00:00Z",
-    "versions": {"generator": "tests/host/test_privacy.py"},
-    "notes": "canaries for the host privacy test",
-}
-
-
-def _fixture(path: Path, transport: str, lines: list[dict[str, Any]]) -> Path:
-    header = {**HEADER, "transport": transport, "adapter": None}
-    path.write_text("\n".join(json.dumps(line) for line in [header, *lines]) + "\n")
-    return path
-
-
 def _fixtures(directory: Path) -> dict[str, Path]:
     mfr = {"76": CANARIES["ble_mfr"].encode().hex()}
     ble = [
@@ -72,9 +52,9 @@ def _fixtures(directory: Path) -> dict[str, Path]:
          "addresses": ["192.0.2.77"], "port": 631, "txt": {"note": CANARIES["mdns_txt"]}, "ttl": 120},
     ]  # fmt: skip
     return {
-        "ble": _fixture(directory / "ble.jsonl", "ble", ble),
-        "usb-serial": _fixture(directory / "usb.jsonl", "usb-serial", usb),
-        "mdns": _fixture(directory / "mdns.jsonl", "mdns", mdns),
+        "ble": write_fixture(directory / "ble.jsonl", "ble", ble),
+        "usb-serial": write_fixture(directory / "usb.jsonl", "usb-serial", usb),
+        "mdns": write_fixture(directory / "mdns.jsonl", "mdns", mdns),
     }
 
 

@@ -12,16 +12,9 @@ import pytest
 from connector.assembly import ConnectorConfig, provider_factory
 from connector.host.continuations import Resumption
 from providers.base import Provider
-from tests.host.support import (
-    add_principals,
-    bearer,
-    check,
-    command_directive,
-    host_app,
-    poll_until,
-    scan_directive,
-    signed_catalog,
-)
+from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog
+from tests.support.directives import command_directive, scan_directive
+from tests.support.principals import bearer
 
 pytestmark = pytest.mark.asyncio
 

@@ -7,8 +7,6 @@ import re
 import signal
 import sqlite3
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import timedelta
@@ -20,18 +18,11 @@ import pytest
 
 from connector.cli.serve_cmd import extra_routers
 from connector.storage.registry import REGISTRY_RELATIVE_PATH
-from tests.host.support import (
-    FIXTURES,
-    REPO,
-    add_principals,
-    bearer,
-    check,
-    command_directive,
-    host_app,
-    poll_until,
-    scan_directive,
-    terminal,
-)
+from tests.host.support import add_principals, check, host_app, poll_until, terminal
+from tests.support.directives import command_directive, scan_directive
+from tests.support.paths import HW_FIXTURES, SHIPPED_CATALOG, SHIPPED_TRUST
+from tests.support.principals import bearer
+from tests.support.serving import serving
 
 pytestmark = pytest.mark.asyncio
 
@@ -87,36 +78,16 @@ async def test_terminal_metadata_is_forgotten_after_retention(tmp_path: Path) ->
 @contextmanager
 def _serve(data_dir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
     """A real `serve` on 127.0.0.1, port chosen by the OS, BLE replayed at real speed."""
-    command = [
-        sys.executable, "-m", "connector", "serve", "--data-dir", str(data_dir), "--port", "0",
-        "--catalog", str(REPO / "catalog" / "actions.json"), "--trust", str(REPO / "catalog" / "trust"),
-        "--replay", f"ble={FIXTURES / 'ble-heart-rate-lab.jsonl'}",
-    ]  # fmt: skip
-    with log.open("ab") as sink:
-        process = subprocess.Popen(command, cwd=REPO, stdout=sink, stderr=sink)
-    try:
-        for _ in range(400):
-            found = re.search(
-                rb"serving on (http://127\.0\.0\.1:\d+)", log.read_bytes().split(b"--restart--")[-1]
-            )
-            if found:
-                yield process, found.group(1).decode()
-                return
-            if process.poll() is not None:
-                raise AssertionError("serve exited early")
-            time.sleep(0.05)
-        raise AssertionError("serve did not start")
-    finally:
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
-            process.wait(timeout=30)
+    args: list[str | Path] = ["--data-dir", data_dir, "--catalog", SHIPPED_CATALOG, "--trust", SHIPPED_TRUST]
+    args += ["--replay", f"ble={HW_FIXTURES / 'ble-heart-rate-lab.jsonl'}"]
+    with serving(*args, log=log, stdout=log) as server:
+        yield server.process, server.base_url
 
 
 async def test_a_killed_serve_restarts_with_its_scan_interrupted(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
-    log = tmp_path / "serve.log"
     tokens = add_principals(data_dir)
-    with _serve(data_dir, log) as (process, url):
+    with _serve(data_dir, tmp_path / "first.log") as (process, url):
         async with httpx.AsyncClient(base_url=url) as client:
             accepted = await client.post(
                 "/v1/host/directives", json=scan_directive(30), headers=bearer(tokens.alice)
@@ -129,8 +100,7 @@ async def test_a_killed_serve_restarts_with_its_scan_interrupted(tmp_path: Path)
     with sqlite3.connect(data_dir / REGISTRY_RELATIVE_PATH) as db:
         assert db.execute("PRAGMA integrity_check").fetchone() == ("ok",)
         assert db.execute("SELECT status FROM operations").fetchall() == [("running",)]
-    log.write_bytes(log.read_bytes() + b"\n--restart--\n")
-    with _serve(data_dir, log) as (process, url):
+    with _serve(data_dir, tmp_path / "second.log") as (process, url):
         async with httpx.AsyncClient(base_url=url) as client:
             status = (await client.get(handle["status_href"], headers=bearer(tokens.alice))).json()
             check("deferred-operation-status.v2", status)

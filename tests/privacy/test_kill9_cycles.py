@@ -21,8 +21,6 @@ import secrets
 import signal
 import sqlite3
 import subprocess
-import sys
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,19 +29,20 @@ from typing import Any
 import anyio
 import httpx
 import pytest
-from bus.broker import NatsServer
-from console.serve_process import REPO, scan_directive, serve_env, write_fixture
 
 from connector.bus.client import BusClient
 from connector.core.authority import make_grant
 from connector.storage.principals import add_principal
+from tests.bus.broker import NatsServer
+from tests.support.directives import HEART_RATE, scan_directive
+from tests.support.fixtures import write_fixture
+from tests.support.paths import SHIPPED_CATALOG, SHIPPED_TRUST
+from tests.support.serving import start_serve
 
 pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
 
 CYCLES = int(os.environ.get("SENSORIUM_KILL9_CYCLES", "20"))
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 SCAN = "device.discovery.scan"
-_SERVING = re.compile(r"serving on (http://127\.0\.0\.1:\d+)")
 _GAUGE = re.compile(r"^sensorium_discovery_sessions_active (\S+)$", re.M)
 
 
@@ -126,32 +125,13 @@ def ble_fixture(path: Path, canaries: Canaries) -> Path:
     return write_fixture(path, "ble", lines)
 
 
-def start_serve(
+def start_bus_serve(
     data_dir: Path, fixture: Path, nats_url: str, log: Path
 ) -> tuple[subprocess.Popen[bytes], str]:
     """`serve --port 0` with the replay fixture and the Bus; returns once `/healthz` answers 200."""
-    args = [sys.executable, "-m", "connector", "serve", "--data-dir", str(data_dir), "--port", "0"]
-    args += ["--catalog", str(REPO / "catalog/actions.json"), "--trust", str(REPO / "catalog/trust")]
-    args += ["--replay", f"ble={fixture}", "--nats", nats_url]
-    with log.open("ab") as err:
-        process = subprocess.Popen(args, cwd=REPO, stdout=err, stderr=err, env=serve_env())
-    deadline = time.monotonic() + 30
-    url = None
-    while time.monotonic() < deadline:
-        found = _SERVING.search(log.read_text(errors="replace").rsplit("== start", 1)[-1])
-        if found:
-            url = found.group(1)
-            try:
-                if httpx.get(url + "/healthz", timeout=2).status_code == 200:
-                    return process, url
-            except httpx.HTTPError:
-                pass
-        if process.poll() is not None:
-            break
-        time.sleep(0.05)
-    process.kill()
-    process.wait(timeout=10)
-    raise AssertionError(f"serve did not become healthy (url {url})")
+    args: list[str | Path] = ["--data-dir", data_dir, "--catalog", SHIPPED_CATALOG, "--trust", SHIPPED_TRUST]
+    server = start_serve(*args, "--replay", f"ble={fixture}", "--nats", nats_url, log=log, stdout=log)
+    return server.process, server.base_url
 
 
 def integrity_errors(data_dir: Path) -> list[str]:
@@ -182,7 +162,7 @@ def canary_hits(roots: list[Path], needles: Mapping[str, bytes]) -> list[str]:
 async def admit(route: str, keyed: bool, cycle: int, http: httpx.AsyncClient, bus: BusClient) -> Admitted:
     """One 30 s scan through `route`; keyed with a per-cycle key."""
     key = f"k13-{route}-{cycle}" if keyed else None
-    directive = scan_directive("ble", 30, {"service_uuids": [HEART_RATE]})
+    directive = scan_directive(30)
     if key is not None and route != "bus":
         directive["idempotency_key"] = key
     if route == "bus":
@@ -208,8 +188,8 @@ async def check_earlier(record: Admitted, http: httpx.AsyncClient, bus: BusClien
         elif state["state"] not in ("lost", "failed", "done", "cancelled"):
             tally.lost.append(f"{record.op_id}: {state['state']}")
         if record.keyed:
-            again = await bus.start(record.directive, op=record.bus_op)
-            if again["state"] in ("queued", "running"):
+            restarted = await bus.start(record.directive, op=record.bus_op)
+            if restarted["state"] in ("queued", "running"):
                 tally.second_sessions.append(record.op_id)
         return
     prefix = "/v1/operations/" if record.route == "connector" else "/v1/host/operations/"
@@ -247,13 +227,10 @@ async def test_twenty_kill9_cycles_lose_nothing_and_leak_nothing(tmp_path: Path)
     broker.start()
     tally = Tally()
     admitted: list[Admitted] = []
-    log = logs / "serve.log"
     process: subprocess.Popen[bytes] | None = None
     try:
         for cycle in range(CYCLES + 1):
-            with log.open("ab") as handle:
-                handle.write(f"\n== start {cycle}\n".encode())
-            process, url = start_serve(data_dir, fixture, broker.url, log)
+            process, url = start_bus_serve(data_dir, fixture, broker.url, logs / f"serve-{cycle}.log")
             headers = {"Authorization": f"Bearer {token}"}
             try:
                 async with (

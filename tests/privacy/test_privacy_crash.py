@@ -24,20 +24,20 @@ from typing import Any
 
 import httpx
 import pytest
-from console.serve_process import (
-    ServeProcess,
-    Tokens,
+
+from tests.e2e.serve_process import (
     add_test_principals,
     host_status,
-    scan_directive,
-    serving,
+    replay_serving,
     start_host_scan,
-    start_serve,
+    start_replay_serve,
     wait_host_status,
-    write_fixture,
 )
+from tests.support.directives import HEART_RATE, scan_directive
+from tests.support.fixtures import write_fixture
+from tests.support.principals import Tokens
+from tests.support.serving import ServeProcess
 
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 ENVIRONMENT = "0000181a-0000-1000-8000-00805f9b34fb"
 TEST_VID, TEST_PID = 0x1209, 0x0001  # pid.codes test id
 HTTP = "_http._tcp.local."
@@ -193,13 +193,15 @@ def directives(c: Canaries, window_seconds: int) -> dict[str, dict[str, Any]]:
     """One scan per transport whose scope admits exactly the canary device."""
     return {
         "ble": scan_directive(
-            "ble", window_seconds, {"service_uuids": [HEART_RATE], "name_prefix": c.ble_name_prefix}
+            window_seconds, filters={"service_uuids": [HEART_RATE], "name_prefix": c.ble_name_prefix}
         ),
         "usb-serial": scan_directive(
-            "usb-serial", window_seconds, {"vid_pid": [{"vid": TEST_VID, "pid": TEST_PID}]}
+            window_seconds, transport="usb-serial", filters={"vid_pid": [{"vid": TEST_VID, "pid": TEST_PID}]}
         ),
         "mdns": scan_directive(
-            "mdns", window_seconds, {"service_types": [HTTP], "instance_prefix": c.mdns_instance_prefix}
+            window_seconds,
+            transport="mdns",
+            filters={"service_types": [HTTP], "instance_prefix": c.mdns_instance_prefix},
         ),
     }
 
@@ -309,7 +311,7 @@ def test_canaries_reach_only_the_caller_across_a_kill_9(tmp_path: Path) -> None:
     planted = b"".join(path.read_bytes() for path in replays.values())
     assert set(hits(planted, {k: v for k, v in patterns.items() if "/" not in k})) == set(c.strings())
 
-    first = start_serve(data_dir, logs, name="first", replays=replays)
+    first = start_replay_serve(data_dir, logs, name="first", replays=replays)
     try:
         with first.client(tokens.caller) as caller:
             full = {t: start_host_scan(caller, d) for t, d in directives(c, 2).items()}
@@ -327,7 +329,7 @@ def test_canaries_reach_only_the_caller_across_a_kill_9(tmp_path: Path) -> None:
         assert any(op_id.encode() in blob for blob in after_kill.values()), op_id
     assert_integrity(data_dir)
 
-    with serving(data_dir, logs, name="second", replays=replays) as second:
+    with replay_serving(data_dir, logs, name="second", replays=replays) as second:
         with second.client(tokens.caller) as caller:
             for transport, op_id in killed.items():
                 status = host_status(caller, op_id)
@@ -335,7 +337,7 @@ def test_canaries_reach_only_the_caller_across_a_kill_9(tmp_path: Path) -> None:
                 assert status["error"]["code"] == "interrupted-by-restart", transport
                 assert "progress" not in status and "result" not in status, transport
         pages = console_pages(second, tokens.operator, [*full.values(), *killed.values()])
-    # The exit code after SIGTERM is tests/service/test_serve_process.py's concern; the files are searched.
+    # The exit code after SIGTERM is tests/e2e/test_serve_process.py's concern; the files are searched.
     final = snapshot(data_dir)  # before the integrity check: closing SQLite's last connection folds the WAL
     assert_integrity(data_dir)
 

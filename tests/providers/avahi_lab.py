@@ -212,6 +212,11 @@ class AvahiLab:
         _wait_for_line(log, "Server startup complete", daemon, 15)
         return address
 
+    @property
+    def published(self) -> int:
+        """How many publications this lab started so far."""
+        return len(self._publications)
+
     def publish(
         self, instance: str, service_type: str, port: int, *, host: str | None = None, responder: int = 0
     ) -> Publication:
@@ -238,6 +243,12 @@ class AvahiLab:
         """SIGTERM: avahi withdraws the service with a goodbye (TTL 0)."""
         publication.process.send_signal(signal.SIGTERM)
         publication.process.wait(10)
+
+    def withdraw_since(self, count: int) -> None:
+        """Stop every publication after the first `count` (what one test published on a shared lab)."""
+        for publication in self._publications[count:]:
+            _stop(publication.process)
+        del self._publications[count:]
 
     def kill_responder(self, responder: int = 0) -> None:
         """SIGKILL of the daemon: its services vanish without a goodbye."""

@@ -39,7 +39,7 @@ import json
 import os
 import signal
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -239,7 +239,7 @@ class Emulator:
             if device.adapter != adapter.name or not device.found:
                 continue
             device.found = False
-            gone = [k for k in ("RSSI", "TxPower") if k in device.props]
+            gone: list[str] = [k for k in ("RSSI", "TxPower") if k in device.props]
             for key in gone:
                 del device.props[key]
             device.rssi, device.tx_power = 0, 127
@@ -495,7 +495,9 @@ class Emulator:
         """How many reports the current stream has emitted so far."""
         return self.stream_sent
 
-    def c_add_cached(self, adapter: str, address: str, name: str | None = None, uuids: list[str] = ()) -> str:
+    def c_add_cached(
+        self, adapter: str, address: str, name: str | None = None, uuids: Sequence[str] = ()
+    ) -> str:
         """A device BlueZ knows from before (paired or seen earlier): a Device1 without RSSI."""
         owner = self.adapters[adapter]
         path = f"{owner.path}/dev_{address.replace(':', '_').upper()}"
@@ -603,7 +605,7 @@ def _parse_filter(raw: dict[str, Variant]) -> dict[str, Any] | None:
             raise _Refusal("org.bluez.Error.InvalidArguments", "Invalid arguments in method call")
         parsed[key] = [u.lower() for u in value] if key == "UUIDs" else value
     # An all-default filter (only Transport, no UUIDs, no proximity, no DuplicateData) is regular discovery.
-    defaults = {"Transport": parsed.get("Transport"), "DuplicateData": False, "UUIDs": []}
+    defaults: dict[str, object] = {"Transport": parsed.get("Transport"), "DuplicateData": False, "UUIDs": []}
     effective = {k: v for k, v in parsed.items() if defaults.get(k, object()) != v}
     return parsed if effective else None
 
@@ -649,7 +651,8 @@ class _FullBufferSafe:
 async def main(address: str) -> None:
     """Own org.bluez on `address` and serve until SIGTERM."""
     bus = await MessageBus(bus_address=address).connect()
-    bus._writer.sock = _FullBufferSafe(bus._writer.sock)
+    assert bus._writer is not None
+    bus._writer.sock = _FullBufferSafe(bus._writer.sock)  # type: ignore[assignment]  # a wrapping socket
     emulator = Emulator(bus)
     bus.add_message_handler(emulator.on_message)
     await bus.call(
@@ -667,7 +670,7 @@ async def main(address: str) -> None:
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     print("ready", flush=True)
-    lost = asyncio.ensure_future(bus.wait_for_disconnect())
+    lost = asyncio.ensure_future(bus.wait_for_disconnect())  # type: ignore[no-untyped-call]
     await asyncio.wait({lost, asyncio.ensure_future(stop.wait())}, return_when=asyncio.FIRST_COMPLETED)
     if lost.done() and os.environ.get("BLUEZ_EMU_TRACE"):
         with open(os.environ["BLUEZ_EMU_TRACE"], "a") as trace:

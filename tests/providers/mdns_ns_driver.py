@@ -141,7 +141,7 @@ async def scan(manager: DiscoveryManager, provider: MdnsProvider, command: dict[
         causal_context=None,
         retry_after_seconds=1,
     )
-    handle = await manager.start_scan(spec, provider)  # type: ignore[arg-type]
+    handle = await manager.start_scan(spec, provider)
     revision = 0
     while True:
         status = await manager.wait_for_change(handle.operation_id, revision, 1.0)

@@ -10,12 +10,13 @@ import asyncio
 import functools
 import secrets
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from types import TracebackType
 from typing import Self
 
-from zeroconf import DNSOutgoing, IPVersion
+from zeroconf import IPVersion
 from zeroconf._dns import DNSPointer, DNSRecord, DNSService
+from zeroconf._protocol.outgoing import DNSOutgoing
 from zeroconf.asyncio import AsyncServiceInfo, AsyncZeroconf
 from zeroconf.const import _CLASS_IN, _CLASS_UNIQUE, _FLAGS_AA, _FLAGS_QR_RESPONSE, _TYPE_PTR, _TYPE_SRV
 
@@ -88,7 +89,7 @@ class Responder:
         """Stop answering for an instance without a goodbye (a responder that vanished)."""
         self.azc.zeroconf.registry.async_remove(info)
 
-    def announce(self, records: list[DNSRecord]) -> None:
+    def announce(self, records: Sequence[DNSRecord]) -> None:
         """Multicast raw answer records (split over as many packets as they need)."""
         out = DNSOutgoing(_FLAGS_QR_RESPONSE | _FLAGS_AA)
         for record in records:

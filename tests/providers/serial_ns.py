@@ -25,7 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from tests.support.paths import REPO
+
 WORKER_THREAD = "sensorium-usb-enumeration"
 _UNSHARE_VARIANTS = (
     ["unshare", "--mount", "--propagation", "private"],
@@ -97,7 +98,7 @@ def namespace_prefix() -> list[str] | None:
 def run_scenario(prefix: Sequence[str], scenario: Mapping[str, Any], root: Path) -> dict[str, Any]:
     """Run `scenario` in a fresh private mount namespace rooted at `root`; return its JSON results."""
     root.mkdir(parents=True, exist_ok=True)
-    env = {**os.environ, "PYTHONPATH": str(REPO_ROOT)}
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
     command = [*prefix, sys.executable, "-W", "error", str(Path(__file__).resolve()), str(root)]
     done = subprocess.run(
         command, input=json.dumps(scenario), capture_output=True, text=True, timeout=60, env=env, check=False

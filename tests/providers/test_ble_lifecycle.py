@@ -8,13 +8,13 @@ import signal
 import time
 
 import pytest
-from bluez_mock import BluezController, RecordingSink, bluez
 from dbus_fast import Message, MessageType
 
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from connector.errors import ProviderError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
 from providers.base import StartUnconfirmed, StopOutcome
 from providers.ble import BleProvider, BleSession, BusLink
+from tests.providers.bluez_mock import BluezController, RecordingSink, bluez
 
 __all__ = ["bluez"]  # the fixture, imported above
 

@@ -9,11 +9,11 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
-from bluez_mock import BluezController, RecordingSink, bluez
 
 from connector.core.observations import BleObservation
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from providers.ble import BleProvider, BleSession, discovery_filters
+from tests.providers.bluez_mock import BluezController, RecordingSink, bluez
 
 __all__ = ["bluez"]  # the fixture, imported above
 

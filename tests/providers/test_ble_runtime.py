@@ -20,7 +20,6 @@ from typing import Any
 
 import anyio
 import pytest
-from bluez_mock import BluezController, RecordingSink, bluez
 
 from connector.contract.validate import validate
 from connector.core.admission import SessionSpec
@@ -32,6 +31,8 @@ from connector.runtime.claims import claim_key
 from connector.runtime.manager import DiscoveryManager
 from providers.base import ObservationSink, ProviderSession, settle
 from providers.ble import BleProvider, BleSession
+from tests.providers.bluez_mock import BluezController, RecordingSink, bluez
+from tests.support.waiting import poll
 
 __all__ = ["bluez"]  # the fixture, imported above
 
@@ -113,13 +114,11 @@ async def poll_until(
     manager: DiscoveryManager, operation_id: str, predicate: Any, limit_s: float = 30.0
 ) -> list[dict[str, Any]]:
     """Poll every 20 ms until `predicate(status)`; returns every status seen."""
-    polls: list[dict[str, Any]] = []
-    with anyio.fail_after(limit_s):
-        while True:
-            polls.append(manager.status(operation_id))
-            if predicate(polls[-1]):
-                return polls
-            await anyio.sleep(0.02)
+
+    async def status() -> dict[str, Any]:
+        return manager.status(operation_id)
+
+    return await poll(status, predicate, timeout=limit_s, interval=0.02)
 
 
 def snapshot_labels(status: dict[str, Any]) -> list[str]:

@@ -8,9 +8,10 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from bluez_mock import BluezController, bluez, device_path
 from dbus_fast import BusType, Message, MessageType, Variant
 from dbus_fast.aio import MessageBus
+
+from tests.providers.bluez_mock import BluezController, bluez, device_path
 
 __all__ = ["bluez"]  # the fixture, imported above
 
@@ -93,7 +94,7 @@ async def test_sessions_are_per_sender_and_discovering_while_any_holds_one(
         again = await client.call("StartDiscovery")
         assert again.error_name == "org.bluez.Error.InProgress"
         assert (await other.call("StartDiscovery")).message_type == MessageType.METHOD_RETURN
-        assert sorted(bluez.clients()) == sorted([client.bus.unique_name, other.bus.unique_name])
+        assert sorted(bluez.clients()) == sorted([str(client.bus.unique_name), str(other.bus.unique_name)])
         await client.call("StopDiscovery")
         assert bluez.discovering() and bluez.clients() == [other.bus.unique_name]
     finally:

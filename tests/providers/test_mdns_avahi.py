@@ -18,7 +18,8 @@ from typing import Any
 
 import pytest
 import pytest_asyncio
-from avahi_lab import AvahiLab, unavailable_reason
+
+from tests.providers.avahi_lab import AvahiLab, unavailable_reason
 
 DRIVER = Path(__file__).with_name("mdns_ns_driver.py")
 AVAHI_TYPE = "_s11lab._tcp"  # what avahi-publish-service takes
@@ -127,13 +128,21 @@ def stamp(text: str) -> float:
 
 
 @pytest.fixture(scope="module")
-def lo_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AvahiLab]:
+def shared_lo_lab(tmp_path_factory: pytest.TempPathFactory) -> Iterator[AvahiLab]:
     """RECIPES 2b as written: one namespace, multicast on its loopback, avahi on `lo`."""
     lab = AvahiLab(tmp_path_factory.mktemp("avahi-lo"), "lo")
     try:
         yield lab.start()
     finally:
         lab.close()
+
+
+@pytest.fixture
+def lo_lab(shared_lo_lab: AvahiLab) -> Iterator[AvahiLab]:
+    """The module's lab; what a test publishes on it is withdrawn after the test."""
+    before = shared_lo_lab.published
+    yield shared_lo_lab
+    shared_lo_lab.withdraw_since(before)
 
 
 @pytest.fixture

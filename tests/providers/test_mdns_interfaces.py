@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-from types import SimpleNamespace
+from argparse import Namespace
 from typing import Any
 
 import ifaddr
@@ -120,7 +120,7 @@ def test_all_reaches_the_provider_as_all() -> None:
     assert isinstance(provider, MdnsProvider) and provider._interfaces == "all"
     assert build_provider("mdns", mdns_interfaces=None)._interfaces is None  # type: ignore[attr-defined]
     config = serve_cmd.config_from(
-        SimpleNamespace(
+        Namespace(
             data_dir=".",
             catalog=None,
             trust=None,

@@ -20,7 +20,6 @@ from typing import Any
 import anyio
 import pytest
 import pytest_asyncio
-from mdns_peer import LOOPBACK, RecordingSink, Responder, ptr, run_instance, run_service_type, srv
 from zeroconf import Zeroconf
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
 
@@ -29,6 +28,15 @@ from connector.core.scope import DiscoveryScope, ScopeFilter
 from connector.errors import ProviderError, ProviderUnavailable, StopUnconfirmed
 from providers import mdns as mdns_module
 from providers.mdns import MdnsProvider, MdnsSession
+from tests.providers.mdns_peer import (
+    LOOPBACK,
+    RecordingSink,
+    Responder,
+    ptr,
+    run_instance,
+    run_service_type,
+    srv,
+)
 
 PRINTERS = run_service_type("prn")
 SENSORS = run_service_type("sns")
@@ -177,7 +185,7 @@ async def test_the_interfaces_are_chosen_again_at_every_session_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     choices: list[object] = []
-    real_select = mdns_module.select_interfaces
+    real_select = mdns_module.select_interfaces  # type: ignore[attr-defined]
 
     def recording_select(setting: Any) -> Any:
         choices.append(setting)
@@ -546,7 +554,7 @@ async def test_aclose_stops_every_session_although_one_raises(
     async def broken_stop() -> None:
         raise ValueError(f"canary {SENSORS}")
 
-    first.stop = broken_stop  # type: ignore[method-assign]
+    first.stop = broken_stop  # type: ignore[method-assign,assignment]
     with caplog.at_level(logging.WARNING, logger="sensorium.mdns"):
         await mdns.aclose()
     assert await all_closed(sockets)

@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from serial_ns import namespace_prefix, run_scenario
 
 from connector.core.candidates import candidate_content
 from connector.core.observations import UsbObservation
+from tests.providers.serial_ns import namespace_prefix, run_scenario
 
 POLL_S = 0.2
 ADD_AT_S, VANISH_AT_S, REMOVE_AT_S, WINDOW_S = 0.9, 1.2, 1.8, 2.7

@@ -28,6 +28,7 @@ from providers.serial import (
     port_observation,
     stable_links,
 )
+from tests.support.waiting import wait_until
 
 WORKER = "sensorium-usb-enumeration"
 FTDI, ARDUINO = (0x0403, 0x6001), (0x2341, 0x0043)
@@ -96,13 +97,6 @@ def no_leaked_workers() -> Iterator[None]:
     before = workers()
     yield
     assert workers() == before
-
-
-async def wait_until(predicate: Callable[[], bool], timeout_s: float = 3.0) -> None:
-    """Poll `predicate()` until true, bounded."""
-    with anyio.fail_after(timeout_s):
-        while not predicate():
-            await anyio.sleep(0.01)
 
 
 # -- the pure diff ------------------------------------------------------------------------------------------
@@ -249,7 +243,7 @@ async def test_a_failed_pass_is_skipped_neither_refreshing_nor_dropping_a_device
     script: list[list[PortInfo] | None] = [[USB0], None, None, [USB0], None, [USB0], [USB0]]
     outcomes: list[str] = []
 
-    def flaky() -> list[PortInfo]:
+    def flaky() -> list[PortInfo] | list[Port]:
         step = script.pop(0) if script else [USB0]
         outcomes.append("failed" if step is None else "ok")
         if step is None:
@@ -337,7 +331,7 @@ def test_a_settled_directory_changed_within_one_timestamp_tick_is_still_read_aga
 @pytest.mark.asyncio
 async def test_a_pass_is_matched_against_the_scope_once_per_port(monkeypatch: pytest.MonkeyPatch) -> None:
     checked: list[str] = []
-    real_matcher = providers_base.scope_matcher
+    real_matcher = providers_base.scope_matcher  # type: ignore[attr-defined]
 
     def counting_matcher(scope: DiscoveryScope) -> Callable[[Observation], bool]:
         rule = real_matcher(scope)

@@ -7,13 +7,13 @@ from pathlib import Path
 
 import pytest
 
-from runtime.support import FIXTURES
+from tests.support.paths import HW_FIXTURES
 
 
 @pytest.fixture
 def fixtures_dir() -> Path:
     """The shipped hw-fixtures folder."""
-    return FIXTURES
+    return HW_FIXTURES
 
 
 @pytest.fixture

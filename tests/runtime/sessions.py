@@ -17,7 +17,7 @@ from connector.core.scope import DiscoveryProfile, DiscoveryScope
 from connector.runtime.manager import DiscoveryManager
 from connector.runtime.session import SessionHandle
 from providers.base import Provider
-from runtime.support import PROFILE, ble_scope
+from tests.runtime.support import PROFILE, ble_scope
 
 STATUS_V2 = "deferred-operation-status.v2"
 CAUSAL = {"operation/id": "deferred:sensorium.directive.invoke:AAAAAAAAAAAAAAAAAAAAAAAAAA", "trace/id": "t-1"}

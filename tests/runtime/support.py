@@ -5,14 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 
 from connector.core.observations import BleObservation, Observation
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter
 from connector.errors import ProviderError
+from tests.support.directives import HEART_RATE
 
-FIXTURES = Path(__file__).resolve().parents[2] / "hw-fixtures"
-HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 OTHER_SERVICE = "0000181a-0000-1000-8000-00805f9b34fb"
 
 PROFILE = DiscoveryProfile(

@@ -14,8 +14,9 @@ import pytest
 
 from connector.core.observations import BleObservation, MdnsObservation, UsbObservation
 from providers.replay import load_fixture
+from tests.support.paths import REPO
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "synth_fixtures.py"
+SCRIPT = REPO / "scripts" / "synth_fixtures.py"
 DOC_NETS = [ipaddress.ip_network("192.0.2.0/24"), ipaddress.ip_network("198.51.100.0/24")]
 EDDYSTONE = "0000feaa-0000-1000-8000-00805f9b34fb"
 

@@ -10,9 +10,9 @@ import pytest
 
 from connector.runtime.kinds import CommandRuntime, DiscoveryRuntime, OperationRuntime, operation_runtimes
 from providers.faults import FaultProvider
-from runtime.sessions import dumps, fast_manager, new_operation_id, start
-from runtime.support import strap
-from tests.commands.conftest import program_action, running
+from tests.runtime.commands.conftest import program_action, running
+from tests.runtime.sessions import dumps, fast_manager, new_operation_id, start
+from tests.runtime.support import strap
 
 UNKNOWN = "deferred:sensorium.directive.invoke:AAAAAAAAAAAAAAAAAAAAAAAAAA"
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "expired"}

@@ -15,7 +15,7 @@ from connector.core.snapshot import CandidateTable, Revision
 from connector.runtime.manager import UnknownOperation
 from providers.faults import Fault, FaultProvider, StopStep
 from providers.replay import ReplayProvider
-from runtime.sessions import (
+from tests.runtime.sessions import (
     assert_valid_polls,
     delivered_status,
     dumps,
@@ -24,7 +24,7 @@ from runtime.sessions import (
     start,
     with_profile,
 )
-from runtime.support import ble_scope, other_tasks, stranger, strap
+from tests.runtime.support import ble_scope, other_tasks, stranger, strap
 
 STRAPS = [(i * 20, strap(i)) for i in range(5)]
 CANARY = "CANARY-d41c"
@@ -72,9 +72,9 @@ async def test_revisions_strictly_increase_under_a_crowd_and_concurrent_polls(fi
         (p for polls in pollers for p in polls if "progress" in p), key=lambda p: p["progress"]["revision"]
     )
     by_revision: dict[int, str] = {}
-    for poll in merged:
-        snapshot = dumps(poll["progress"]["snapshot"])
-        assert by_revision.setdefault(poll["progress"]["revision"], snapshot) == snapshot
+    for status in merged:
+        snapshot = dumps(status["progress"]["snapshot"])
+        assert by_revision.setdefault(status["progress"]["revision"], snapshot) == snapshot
 
 
 @pytest.mark.asyncio

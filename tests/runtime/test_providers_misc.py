@@ -12,12 +12,12 @@ import pytest
 from connector.core.scope import DiscoveryScope
 from connector.errors import AdmissionError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
 from connector.runtime.claims import ClaimRegistry, claim_key
-from providers.base import BaseSession, ObservationSink, ProviderSession, StopOutcome
-from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, StopStep
+from providers.base import BaseSession, ObservationSink, StopOutcome
+from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, FaultSession, StopStep
 from providers.registry import build_provider
 from providers.replay import FixtureError, ReplayProvider
-from runtime.sessions import fast_manager, poll_to_end, start
-from runtime.support import RecordingSink, ble_scope, other_tasks, stranger, strap
+from tests.runtime.sessions import fast_manager, poll_to_end, start
+from tests.runtime.support import RecordingSink, ble_scope, other_tasks, stranger, strap
 
 # ---- fault provider --------------------------------------------------------------------------------------
 
@@ -195,7 +195,7 @@ class _ResolvingProvider(FaultProvider):
     async def resolve_adapter(self, scope: DiscoveryScope) -> str | None:
         return scope.adapter or next(self.defaults)
 
-    async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> ProviderSession:
+    async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> FaultSession:
         self.started_on.append(scope.adapter)
         return await super().start(scope, sink)
 

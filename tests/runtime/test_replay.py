@@ -13,7 +13,8 @@ from connector.core.observations import BleObservation, MdnsObservation, UsbObse
 from connector.core.scope import ScopeFilter, matches_scope
 from connector.errors import ProviderUnavailable
 from providers.replay import FixtureError, ReplayProvider, load_fixture, parse_fixture
-from runtime.support import HEART_RATE, RecordingSink, ble_scope, other_tasks
+from tests.runtime.support import RecordingSink, ble_scope, other_tasks
+from tests.support.directives import HEART_RATE
 
 HEADER = {
     "fixture": "sensorium-hw-fixture.v1",

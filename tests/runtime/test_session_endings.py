@@ -9,8 +9,8 @@ from connector.contract.canonical import canonical_bytes
 from connector.errors import ProviderUnavailable
 from connector.runtime.claims import claim_key
 from providers.faults import HANG, RAISE, Fault, FaultProvider, StopStep
-from runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start, with_profile
-from runtime.support import ble_scope, other_tasks, strap
+from tests.runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start, with_profile
+from tests.runtime.support import ble_scope, other_tasks, strap
 
 STRAPS = [(i * 20, strap(i)) for i in range(5)]
 

@@ -1,0 +1,1 @@
+"""The connector test suite: one package, imported as `tests.<folder>.<module>`."""

@@ -1,0 +1,163 @@
+"""The console lists the connector's own operations too, and `/admin/adapters` shows each claim (in-process).
+
+A scan admitted on `POST /v1/directives` never reaches the host registry; the console still lists it (via
+`connector`), filters it by status, and opens it read-only. The adapters page shows the default adapter of
+every scannable transport as free, a running scan as "in use", and an unacknowledged stop as "held by an
+uncertain cleanup" with its next retry, until a later acknowledgement frees it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import anyio
+import httpx
+import pytest
+from fastapi import APIRouter
+
+from connector.api.console import console_router
+from connector.assembly import Assembled, ConnectorConfig, assemble
+from connector.cli.serve_cmd import known_adapters
+from connector.service.answers import Accepted
+from connector.service.operations import LiveConnectorOperations
+from tests.api.console.conftest import BASE_URL, csrf_of
+from tests.e2e.serve_process import add_test_principals
+from tests.support.directives import HEART_RATE, scan_directive
+from tests.support.paths import REPO
+from tests.support.principals import Tokens
+
+LIST = "/admin/deferred-operations"
+
+
+@asynccontextmanager
+async def harness(tmp_path: Path) -> AsyncIterator[tuple[Assembled, httpx.AsyncClient, Tokens]]:
+    tokens = add_test_principals(tmp_path / "data")
+    config = ConnectorConfig(
+        data_dir=tmp_path / "data",
+        catalog=REPO / "catalog/actions.json",
+        trust_dir=REPO / "catalog/trust",
+        simulate=("ble", "usb-serial", "mdns"),
+        host_poller=False,
+    )
+
+    def routers(assembled: Assembled) -> list[APIRouter]:
+        operations = LiveConnectorOperations(
+            assembled.discovery, assembled.state, known_adapters=known_adapters(assembled)
+        )
+        return [
+            console_router(assembled.host, authenticate=assembled.service.authenticate, operations=operations)
+        ]
+
+    async with assemble(config, routers=routers) as assembled:
+        transport = httpx.ASGITransport(app=assembled.app)
+        async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
+            form = await client.get("/admin/sign-in")
+            signed = await client.post(
+                "/admin/sign-in", data={"csrf_token": csrf_of(form.text), "token": tokens.operator}
+            )
+            assert signed.status_code == 303
+            yield assembled, client, tokens
+
+
+async def _admit(assembled: Assembled, tokens: Tokens, transport: str, filters: dict[str, Any]) -> str:
+    principal = assembled.service.authenticate(tokens.caller)
+    directive = scan_directive(30, transport=transport, filters=filters)
+    answer = await assembled.service.invoke(principal, directive)
+    assert isinstance(answer, Accepted)
+    return str(answer.handle["connector_operation/id"])
+
+
+async def _until(check: Any, timeout: float = 15.0) -> None:
+    with anyio.fail_after(timeout):
+        while not await check():
+            await anyio.sleep(0.05)
+
+
+def _plain(html: str) -> str:
+    return html.replace("<wbr>", "")
+
+
+@pytest.mark.asyncio
+async def test_connector_route_scans_are_listed_filtered_and_shown_read_only(tmp_path: Path) -> None:
+    async with harness(tmp_path) as (assembled, client, tokens):
+        empty = await client.get(LIST)
+        assert 'id="no-operations"' in empty.text and "POST /v1/directives" in empty.text
+        assert 'http-equiv="refresh"' not in empty.text
+        op_id = await _admit(assembled, tokens, "ble", {"service_uuids": [HEART_RATE]})
+
+        async def running() -> bool:
+            return bool(assembled.discovery.metadata(op_id)["status"] == "running")
+
+        await _until(running)
+        listing = await client.get(LIST)
+        row = re.search(r'<tr data-status="running">(.*?)</tr>', listing.text, re.S)
+        assert row is not None and op_id in _plain(row.group(1))
+        cells = re.findall(r'data-label="(\w+)">(.*?)</td>', row.group(1), re.S)
+        facts = {label: re.sub(r"<[^>]+>", "", value).strip() for label, value in cells}
+        assert facts["Transport"] == "ble" and facts["Window"] == "30 s" and facts["Adapter"] == "default"
+        assert facts["Via"] == "connector" and facts["Action"] == "device.discovery.scan"
+        assert 'http-equiv="refresh" content="5"' in listing.text
+        assert op_id in _plain((await client.get(LIST, params={"status": "running"})).text)
+        assert op_id not in _plain((await client.get(LIST, params={"status": "completed"})).text)
+        detail = await client.get(f"{LIST}/{op_id.replace(':', '%3A')}")
+        assert detail.status_code == 200 and 'id="connector-only"' in detail.text
+        assert 'id="poll-now"' not in detail.text and 'id="cancel"' not in detail.text
+        assert 'http-equiv="refresh" content="2"' in detail.text
+        assert "Candidates delivered to the caller" in detail.text
+        unknown = await client.get(f"{LIST}/deferred%3Asensorium.directive.invoke%3A" + "A" * 26)
+        assert unknown.status_code == 404
+
+
+@pytest.mark.asyncio
+async def test_the_adapters_page_shows_free_in_use_and_held_claims(tmp_path: Path) -> None:
+    async with harness(tmp_path) as (assembled, client, tokens):
+        page = (await client.get("/admin/adapters")).text
+        rows = dict(
+            re.findall(
+                r'<tr data-state="([a-z-]+)">\s*<td class="mono" data-label="Transport">([a-z-]+)', page
+            )
+        )
+        assert sorted(re.findall(r'data-label="Transport">([a-z-]+)<', page)) == ["ble", "mdns", "usb-serial"]
+        assert set(rows) == {"free"} and 'http-equiv="refresh"' not in page
+        simulation = assembled.simulation
+        assert simulation is not None
+        ble = simulation.adapter("ble")
+        assert ble is not None
+        op_id = await _admit(assembled, tokens, "ble", {"service_uuids": [HEART_RATE]})
+
+        async def in_use() -> bool:
+            return "in use by 1 session(s)" in (await client.get("/admin/adapters")).text
+
+        await _until(in_use)
+        ble.gate.mode = "refuse"
+        await assembled.service.cancel(tokens.caller, op_id)
+
+        async def held() -> bool:
+            return "held by 1 uncertain cleanup(s)" in (await client.get("/admin/adapters")).text
+
+        await _until(held)
+        page = (await client.get("/admin/adapters")).text
+        assert op_id in _plain(page) and "next retry" in page and 'http-equiv="refresh"' in page
+        ble.gate.mode = "ack"
+
+        async def freed() -> bool:
+            return "uncertain cleanup(s)" not in (await client.get("/admin/adapters")).text
+
+        await _until(freed, timeout=30)
+        status = assembled.discovery.metadata(op_id)
+        assert status["status"] == "failed" and status["cleanup"] == {
+            "state": "confirmed",
+            "claim": "released",
+        }
+
+
+@pytest.mark.asyncio
+async def test_the_adapters_page_needs_an_operator_session(tmp_path: Path) -> None:
+    async with harness(tmp_path) as (_, client, _tokens):
+        client.cookies.clear()
+        response = await client.get("/admin/adapters")
+        assert response.status_code == 303 and response.headers["location"] == "/admin/sign-in"

@@ -1,0 +1,179 @@
+"""SPEC 6.8 and 14: binding needs confirmed termination, consumes a candidate exactly once, and a forgotten
+binding is erased; the bindings table holds no candidate ref or label."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from connector.errors import ProviderRestarted
+from providers.faults import Fault
+from tests.api.support import (
+    REDACT,
+    Harness,
+    RecordingFactory,
+    assert_error,
+    assert_valid,
+    candidates_of,
+    files_bytes,
+    harness,
+    query,
+    straps,
+)
+from tests.support.clocks import OffsetClock
+from tests.support.directives import command_directive, scan_directive
+
+
+async def _completed(h: Harness, who: str = "alice", window: int = 1) -> tuple[str, list[dict[str, Any]]]:
+    """A completed scan of `who`: its location and result candidates."""
+    location = (await h.invoke(who, scan_directive(window))).headers["location"]
+    final = (await h.poll(who, location))[-1]
+    assert final["status"] == "completed"
+    return location, candidates_of(final)
+
+
+async def _bind(h: Harness, location: str, ref: str, key: str, who: str = "alice") -> Any:
+    return await h.post(who, location + "/bindings", {"candidate/ref": ref, "idempotency_key": key})
+
+
+@pytest.mark.asyncio
+async def test_binding_waits_for_confirmed_termination(tmp_path: Path) -> None:
+    async with harness(tmp_path, factory=RecordingFactory(straps(2))) as h:
+        location = (await h.invoke("alice", scan_directive(20))).headers["location"]
+        running = (await h.poll("alice", location, lambda d: bool(candidates_of(d))))[-1]
+        ref = candidates_of(running)[0]["candidate/ref"]
+        refused = await _bind(h, location, ref, "early")
+        assert_error(refused, 409, "session-not-terminated")
+        assert refused.headers["retry-after"] == "1"
+        # A refusal consumed nothing: the candidate is still selectable.
+        assert (await h.post("alice", location + "/selection", {"candidate/ref": ref})).status_code == 200
+        cancelled = await h.post("alice", location + "/cancel")
+        assert cancelled.status_code == 200
+        final = (await h.poll("alice", location))[-1]
+        assert final["status"] == "cancelled"
+        assert_error(await _bind(h, location, ref, "late"), 409, "not-bindable")
+
+
+@pytest.mark.asyncio
+async def test_a_failed_session_is_never_bindable(tmp_path: Path) -> None:
+    fault = Fault(fail_at_ms=600, fail_error=ProviderRestarted("adapter restarted"))
+    async with harness(tmp_path, factory=RecordingFactory(straps(2), fault=fault)) as h:
+        location = (await h.invoke("alice", scan_directive(5))).headers["location"]
+        running = (await h.poll("alice", location, lambda d: bool(candidates_of(d))))[-1]
+        ref = candidates_of(running)[0]["candidate/ref"]
+        final = (await h.poll("alice", location))[-1]
+        assert (final["status"], final["error"]["code"]) == ("failed", "provider-restarted")
+        assert_error(await _bind(h, location, ref, "k"), 409, "not-bindable")
+
+
+@pytest.mark.asyncio
+async def test_an_expired_candidate_cannot_be_bound(tmp_path: Path) -> None:
+    clock = OffsetClock()
+    async with harness(tmp_path, factory=RecordingFactory(straps(2)), clock=clock) as h:
+        location, candidates = await _completed(h)
+        clock.offset = timedelta(seconds=31)  # past last_seen_at + candidate_ttl_seconds (30)
+        assert_error(await _bind(h, location, candidates[0]["candidate/ref"], "k"), 410, "candidate-expired")
+        clock.offset = timedelta()
+        assert (await _bind(h, location, candidates[0]["candidate/ref"], "k")).status_code == 201
+
+
+@pytest.mark.asyncio
+async def test_unknown_consumed_and_conflicting_candidates(tmp_path: Path) -> None:
+    async with harness(tmp_path, factory=RecordingFactory(straps(2))) as h:
+        location, candidates = await _completed(h)
+        first, second = (c["candidate/ref"] for c in candidates)
+        assert_error(await _bind(h, location, "no-such-ref", "k0"), 404, "unknown-candidate")
+        selection = await h.post("alice", location + "/selection", {"candidate/ref": "no-such-ref"})
+        assert_error(selection, 404, "unknown-candidate")
+
+        bound = await _bind(h, location, first, "k1")
+        assert bound.status_code == 201
+        assert_valid("sensorium-device-binding.v1", bound.json())
+        retry = await _bind(h, location, first, "k1")
+        assert (retry.status_code, retry.content) == (201, bound.content)
+        assert_error(await _bind(h, location, first, "k2"), 409, "candidate-consumed")
+        assert_error(await _bind(h, location, second, "k1"), 409, "idempotency-conflict")
+        for body in (
+            {"candidate/ref": first},
+            {"idempotency_key": "k"},
+            {"candidate/ref": first, "x": 1, "idempotency_key": "k"},
+        ):
+            assert_error(await h.post("alice", location + "/bindings", body), 422, "invalid-input")
+        assert len(query(h.data_dir, "SELECT * FROM bindings")) == 1
+
+
+@pytest.mark.asyncio
+async def test_concurrent_binds_consume_exactly_once(tmp_path: Path) -> None:
+    async with harness(tmp_path, factory=RecordingFactory(straps(2))) as h:
+        location, candidates = await _completed(h)
+        ref = candidates[0]["candidate/ref"]
+        responses = await asyncio.gather(*(_bind(h, location, ref, f"key-{i}") for i in range(20)))
+        codes = sorted(r.status_code for r in responses)
+        assert codes == [201] + [409] * 19
+        assert all(r.json()["code"] == "candidate-consumed" for r in responses if r.status_code == 409)
+        # The same key from many callers at once: one binding, the same answer for all.
+        other = candidates[1]["candidate/ref"]
+        same_key = await asyncio.gather(*(_bind(h, location, other, "one-key") for _ in range(10)))
+        assert {r.status_code for r in same_key} == {201}
+        assert len({r.content for r in same_key}) == 1
+        assert len(query(h.data_dir, "SELECT * FROM bindings")) == 2
+
+
+@pytest.mark.asyncio
+async def test_forget_erases_and_only_for_the_owner_or_an_operator(tmp_path: Path) -> None:
+    async with harness(tmp_path, factory=RecordingFactory(straps(2), concurrent=True)) as h:
+        location, candidates = await _completed(h)
+        mine = (await _bind(h, location, candidates[0]["candidate/ref"], "a")).json()
+        other = (await _bind(h, location, candidates[1]["candidate/ref"], "b")).json()
+        path = f"/v1/bindings/{mine['binding/id']}"
+        assert_error(await h.client.delete(path, headers=h.auth("bob")), 404, "unknown-binding")
+        assert (await h.client.delete(path, headers=h.auth("alice"))).status_code == 204
+        assert_error(await h.client.delete(path, headers=h.auth("alice")), 404, "unknown-binding")
+        # A retry of the first bind after forgetting does not bring the address back.
+        replay = await _bind(h, location, candidates[0]["candidate/ref"], "a")
+        assert_error(replay, 409, "candidate-consumed")
+        assert mine["address"] not in replay.text
+        operator = await h.client.delete(f"/v1/bindings/{other['binding/id']}", headers=h.auth("root"))
+        assert operator.status_code == 204
+        assert query(h.data_dir, "SELECT * FROM bindings") == []
+        # Concurrent forgets of one binding: exactly one erases it.
+        third_location, third = await _completed(h, "bob")
+        bound = (await _bind(h, third_location, third[0]["candidate/ref"], "c", who="bob")).json()
+        forgets = await asyncio.gather(
+            *(h.client.delete(f"/v1/bindings/{bound['binding/id']}", headers=h.auth("bob")) for _ in range(5))
+        )
+        assert sorted(r.status_code for r in forgets) == [204, 404, 404, 404, 404]
+
+
+@pytest.mark.asyncio
+async def test_the_bindings_table_holds_no_ref_or_label(tmp_path: Path) -> None:
+    async with harness(tmp_path, factory=RecordingFactory(straps(2))) as h:
+        location, candidates = await _completed(h)
+        candidate = candidates[0]
+        binding = (await _bind(h, location, candidate["candidate/ref"], "k")).json()
+        await h.assembled.state.checkpoint()
+        rows = query(h.data_dir, "SELECT * FROM bindings")
+        assert rows == [(binding["binding/id"], "alice", "ble", binding["address"], rows[0][4])]
+        stored = files_bytes(h.data_dir)
+        assert candidate["candidate/ref"].encode() not in stored
+        assert candidate["label"].encode() not in stored
+        assert binding["address"].encode() in stored  # the one durable exception, until forgotten
+        forgotten = await h.client.delete(f"/v1/bindings/{binding['binding/id']}", headers=h.auth("alice"))
+        assert forgotten.status_code == 204
+        assert binding["address"].encode() not in files_bytes(h.data_dir)
+
+
+@pytest.mark.asyncio
+async def test_command_operations_have_nothing_to_bind_or_select(tmp_path: Path) -> None:
+    async with harness(tmp_path, factory=RecordingFactory()) as h:
+        location = (await h.invoke("alice", command_directive(REDACT, "async", {"text": "x"}))).headers[
+            "location"
+        ]
+        assert_error(await _bind(h, location, "ref", "k"), 409, "not-bindable")
+        assert_error(
+            await h.post("alice", location + "/selection", {"candidate/ref": "ref"}), 404, "unknown-candidate"
+        )

@@ -1,0 +1,1 @@
+"""Provider tests and their transport peers (emulated BlueZ, mDNS responders, serial namespaces)."""

@@ -1,1 +1,0 @@
-"""Tests of the connector service (HTTP API over the assembled connector)."""
