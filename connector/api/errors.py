@@ -21,7 +21,6 @@ from connector.service.answers import Accepted, Answer, Created, Done, Gone, pub
 _log = logging.getLogger("sensorium.api")
 
 DEFAULT_MAX_BODY_BYTES = 65536
-MAX_JSON_DEPTH = strict_json.MAX_DEPTH
 _CODE_BY_STATUS = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large", 400: "invalid-json"}
 
 

@@ -460,6 +460,11 @@ class Recorder:
         self._clock = clock
         self._state = _State()
 
+    @property
+    def observations(self) -> int:
+        """How many observations this run has written so far."""
+        return self._state.observations
+
     def finish(self) -> None:
         """End the recording now and keep it, as the end of its window would."""
         self._state.end()

@@ -37,7 +37,6 @@ T = TypeVar("T")
 SYNC_ONLY: Final = "sync-only"
 ASYNC_ONLY: Final = "async-only"
 EITHER: Final = "either"
-EXECUTION_MODE_SUPPORT: Final = frozenset({SYNC_ONLY, ASYNC_ONLY, EITHER})
 DEFAULT_EXECUTION_MODE_SUPPORT: Final = SYNC_ONLY
 DEFAULT_STATUS_VERSIONS: Final = (1,)
 

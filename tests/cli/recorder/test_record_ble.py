@@ -102,10 +102,11 @@ class _Started:
         self.event.set()
 
 
-async def record(
-    controller: BluezController, target: Path, *, keep: bool = False, seconds: float = 1.5
-) -> RecordingResult:
-    """`fixtures record --transport ble` as a library call, with the story played once the provider runs."""
+STORY_REPORTS = 7  # the adverts `drive()` makes the emulated bluetoothd report with DuplicateData set
+
+
+async def record(controller: BluezController, target: Path, *, keep: bool = False) -> RecordingResult:
+    """`fixtures record --transport ble` as a library call: play the story, end once all of it was written."""
     header = FixtureHeader("ble", "2026-11-30T10:00:00Z", "hci0", library_versions(), "emulated BlueZ")
     recorder = Recorder(
         BleProvider(adapter="hci0", every_report=True),
@@ -115,10 +116,13 @@ async def record(
         pseudonymiser=None if keep else Pseudonymiser(),
     )
     status = _Started()
-    task = asyncio.ensure_future(recorder.run(seconds, task_status=status))
-    await asyncio.wait_for(status.event.wait(), 5)
+    task = asyncio.ensure_future(recorder.run(120, task_status=status))
+    await asyncio.wait_for(status.event.wait(), 30)
     drive(controller)
-    return await asyncio.wait_for(task, seconds + 5)
+    # Ends on what was written, not on a window that a loaded machine could outrun.
+    await wait_until(lambda: recorder.observations >= STORY_REPORTS or task.done(), timeout=60)
+    recorder.finish()
+    return await asyncio.wait_for(task, 30)
 
 
 async def replay(target: Path, scope: DiscoveryScope) -> TableSink:
@@ -161,7 +165,7 @@ async def test_the_recording_is_unfiltered_and_pseudonymised(bluez: BluezControl
     target = tmp_path / "bench.jsonl"
     result = await record(bluez, target)
     header, *lines = fixture_lines(target)
-    assert result.observations == len(lines) == 7
+    assert result.observations == len(lines) == STORY_REPORTS
     assert header == {
         "fixture": "sensorium-hw-fixture.v1", "transport": "ble", "source": "recorded",
         "recorded_at": "2026-11-30T10:00:00Z", "adapter": "hci0", "versions": library_versions(),
@@ -189,11 +193,11 @@ async def test_pseudonyms_differ_across_recordings_and_kept_identities_are_real(
     bluez: BluezController, tmp_path: Path
 ) -> None:
     first, second, kept = tmp_path / "first.jsonl", tmp_path / "second.jsonl", tmp_path / "kept.jsonl"
-    await record(bluez, first, seconds=0.8)
+    await record(bluez, first)
     forget_devices(bluez)
-    await record(bluez, second, seconds=0.8)
+    await record(bluez, second)
     forget_devices(bluez)
-    await record(bluez, kept, keep=True, seconds=0.8)
+    await record(bluez, kept, keep=True)
     addresses = [{line["address"] for line in fixture_lines(path)[1:]} for path in (first, second, kept)]
     assert len(addresses[0]) == len(addresses[1]) == 3 and not addresses[0] & addresses[1]
     assert addresses[2] == {STRAP_A, STRAP_B, THERMO}
