@@ -60,7 +60,8 @@ async def test_binding_waits_for_confirmed_termination(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_a_failed_session_is_never_bindable(tmp_path: Path) -> None:
-    fault = Fault(fail_at_ms=600, fail_error=ProviderRestarted("adapter restarted"))
+    # The failure comes well after the first poll that shows the straps, however loaded the machine.
+    fault = Fault(fail_at_ms=3000, fail_error=ProviderRestarted("adapter restarted"))
     async with harness(tmp_path, factory=RecordingFactory(straps(2), fault=fault)) as h:
         location = (await h.invoke("alice", scan_directive(5))).headers["location"]
         running = (await h.poll("alice", location, lambda d: bool(candidates_of(d))))[-1]

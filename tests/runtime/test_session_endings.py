@@ -158,9 +158,9 @@ async def test_a_session_is_pending_until_its_provider_started() -> None:
 
 @pytest.mark.asyncio
 async def test_a_provider_restart_mid_session_fails_and_drops_the_generation() -> None:
-    provider = FaultProvider(STRAPS, fault=Fault(fail_at_ms=150))
+    provider = FaultProvider(STRAPS, fault=Fault(fail_at_ms=1_500))  # well after the first running poll
     async with fast_manager() as manager:
-        handle = await start(manager, provider, window_ms=2_000)
+        handle = await start(manager, provider, window_ms=4_000)
         polls = await poll_to_end(manager, handle.operation_id)
         final = polls[-1]
         assert any("progress" in p for p in polls), "candidates were visible before the restart"

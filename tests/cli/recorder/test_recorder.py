@@ -110,8 +110,8 @@ async def test_a_provider_that_cannot_start_leaves_no_file(tmp_path: Path) -> No
 async def test_a_failure_mid_session_stops_the_provider_and_keeps_nothing(tmp_path: Path) -> None:
     provider = FaultProvider(TIMELINE, fault=Fault(fail_at_ms=200))
     started = asyncio.get_running_loop().time()
-    result = await recorder_for(provider, tmp_path / "ble.jsonl").run(5)
-    assert asyncio.get_running_loop().time() - started < 2
+    result = await recorder_for(provider, tmp_path / "ble.jsonl").run(30)
+    assert asyncio.get_running_loop().time() - started < 15  # the failure, not the 30 s window, ended it
     assert result.outcome is RecordingOutcome.FAILED and result.error is not None
     assert result.error.code == "provider-restarted" and result.stop_confirmed
     assert provider.acknowledged_stops == 1 and files(tmp_path) == []
