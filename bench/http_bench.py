@@ -28,7 +28,6 @@ import importlib.util
 import json
 import os
 import platform
-import re
 import shlex
 import signal
 import statistics
@@ -51,13 +50,13 @@ import httpx  # noqa: E402
 
 from connector.core.authority import make_grant  # noqa: E402
 from connector.storage.principals import add_principal  # noqa: E402
+from connector.testing import wait_serving  # noqa: E402
 
 SCAN = "device.discovery.scan"
 HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 NOTHING = "0000feed-0000-1000-8000-00805f9b34fb"  # in no fixture line: admitted scans ingest nothing
 DEVICES = 64
 TARGET_RATIO = 1.5
-_URL = re.compile(r"serving on (http://127\.0\.0\.1:\d+)")
 
 
 @dataclass
@@ -130,21 +129,16 @@ def candidates(status: dict[str, Any]) -> list[Any]:
 async def start_serve(
     argv: list[str], log: Path, timeout: float = 60.0
 ) -> tuple[subprocess.Popen[bytes], str]:
-    """Spawn `serve` and wait for the URL it logs."""
-    with log.open("ab") as sink:
+    """Spawn `serve` with a fresh log and wait, as `connector.testing` does, until it answers /healthz."""
+    with log.open("wb") as sink:  # a fresh log: its `serving on` line is this server's
         process = subprocess.Popen(
             argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink
         )
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        match = _URL.search(log.read_text(encoding="utf-8", errors="replace"))
-        if match:
-            return process, match.group(1)
-        if process.poll() is not None:
-            raise SystemExit(f"serve exited with {process.returncode}; see {log}")
-        await asyncio.sleep(0.05)
-    process.kill()
-    raise SystemExit("serve did not report its URL in time")
+    try:
+        return process, await asyncio.to_thread(wait_serving, process, log, timeout)
+    except RuntimeError as error:
+        process.kill()
+        raise SystemExit(f"{error}") from None
 
 
 async def run_phase(

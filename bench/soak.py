@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import platform
-import re
 import shlex
 import signal
 import subprocess
@@ -40,11 +39,11 @@ from connector.catalog.keys import generate_key_pair, load_private_key  # noqa: 
 from connector.catalog.signing import sign_catalog  # noqa: E402
 from connector.core.authority import make_grant  # noqa: E402
 from connector.storage.principals import add_principal  # noqa: E402
+from connector.testing import wait_serving  # noqa: E402
 
 SCAN = "device.discovery.scan"
 HEART_RATE = "0000180d-0000-1000-8000-00805f9b34fb"
 TERMINAL = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
-_URL = re.compile(r"serving on (http://127\.0\.0\.1:\d+)")
 RSS_TARGET = 1.15
 P99_TARGET = 2.0
 
@@ -127,21 +126,19 @@ class Block:
     finished_at: float = 0.0
 
 
-async def start_serve(argv: list[str], log: Path) -> tuple[subprocess.Popen[bytes], str]:
+async def start_serve(
+    argv: list[str], log: Path, timeout: float = 60.0
+) -> tuple[subprocess.Popen[bytes], str]:
+    """Spawn `serve` with a fresh log and wait, as `connector.testing` does, until it answers /healthz."""
     with log.open("wb") as sink:  # a fresh log: its `serving on` line is this server's
         process = subprocess.Popen(
             argv, cwd=ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=sink
         )
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        match = _URL.search(log.read_text(encoding="utf-8", errors="replace"))
-        if match:
-            return process, match.group(1)
-        if process.poll() is not None:
-            raise SystemExit(f"serve exited with {process.returncode}; see {log}")
-        await asyncio.sleep(0.05)
-    process.kill()
-    raise SystemExit("serve did not report its URL in time")
+    try:
+        return process, await asyncio.to_thread(wait_serving, process, log, timeout)
+    except RuntimeError as error:
+        process.kill()
+        raise SystemExit(f"{error}") from None
 
 
 async def request(method: Any, path: str, **kwargs: Any) -> httpx.Response:
