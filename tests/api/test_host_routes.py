@@ -10,6 +10,7 @@ from typing import Any
 import anyio
 import pytest
 
+from connector.core.clock import parse_time
 from connector.core.policy import DeferredHostPolicy
 from connector.storage.principals import revoke
 from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog, terminal
@@ -97,7 +98,10 @@ async def test_an_operation_the_connector_forgot_becomes_unknown(tmp_path: Path)
         op_id = accepted.json()["operation/id"]
         done = await assembled.commands.wait_status(op_id, 15)
         assert done["status"] == "completed"
-        assert await assembled.commands.purge(assembled.host.clock(), retention=timedelta(0))
+        # Purge as of a moment after the row's own last update (recorded state, not the wall clock, which
+        # can still read the same millisecond as that update).
+        after_update = parse_time(done["updated_at"]) + timedelta(seconds=1)
+        assert await assembled.commands.purge(after_update, retention=timedelta(0))
         answer = await client.get(accepted.json()["status_href"], headers=bearer(tokens.alice))
         assert answer.status_code == 200
         body = answer.json()

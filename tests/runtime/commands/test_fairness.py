@@ -83,10 +83,11 @@ async def test_a_cancelled_waiter_gives_its_turn_away() -> None:
 async def test_a_sync_call_still_queued_at_its_timeout_is_deadline_exceeded(tmp_path: Path) -> None:
     """Both workers are held by another principal's long work: the victim answers at its timeout."""
     async with running(tmp_path, max_workers=2) as (_, runner):
-        long = program_action("sleep", str(tmp_path / "m"), "30", execution_mode_support="either")
         for n in (1, 2):
+            long = program_action("sleep", str(tmp_path / f"m{n}"), "30", execution_mode_support="either")
             await runner.submit(op_id(n), "hog", long, {}, "async", datetime.now(UTC))
-        await wait_for_file(tmp_path / "m")
+        for n in (1, 2):  # each hog run wrote its marker: both workers are held before the victim queues
+            await wait_for_file(tmp_path / f"m{n}")
         quick = program_action("nan", execution_mode_support="either")
         started = time.monotonic()
         with anyio.fail_after(10):
@@ -106,13 +107,14 @@ async def test_a_sync_call_still_queued_at_its_timeout_is_deadline_exceeded(tmp_
 async def test_the_queue_wait_counts_against_a_sync_budget(tmp_path: Path) -> None:
     """A sync call that got a worker late has only what is left of its `timeout_ms` to run."""
     async with running(tmp_path, max_workers=1) as (_, runner):
-        blocker = program_action("sleep", str(tmp_path / "b"), "1.5", execution_mode_support="either")
+        blocker = program_action("sleep", str(tmp_path / "b"), "3", execution_mode_support="either")
         await runner.submit(op_id(4), "other", blocker, {}, "async", datetime.now(UTC))
         await wait_for_file(tmp_path / "b")
         slow = program_action("sleep", str(tmp_path / "s"), "2", execution_mode_support="either")
         with anyio.fail_after(15):
             answer = await runner.submit(
-                op_id(5), "victim", slow, {}, "sync", datetime.now(UTC), timeout_ms=2500
+                op_id(5), "victim", slow, {}, "sync", datetime.now(UTC), timeout_ms=4000
             )
-        # Alone it would finish (2 s < 2.5 s); after ~1.5 s in the queue it cannot.
+        # Alone it would finish (2 s < 4 s); queued behind the 3 s blocker it has < 2 s left, however late
+        # this call reached the queue (up to 1 s after the blocker's marker).
         assert answer["status"] == "failed" and answer["error"]["code"] == "deadline-exceeded"
