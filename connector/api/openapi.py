@@ -332,8 +332,8 @@ def _operation(route: Route) -> dict[str, Any]:
         by_status.setdefault(HTTP_STATUS_BY_CODE[code], []).append(code)
     for status, codes in sorted(by_status.items()):
         refusal = _refusal(status, codes)
-        ok = responses.get(str(status))
-        responses[str(status)] = refusal if ok is None else _either(ok, refusal)
+        answer = responses.get(str(status))
+        responses[str(status)] = refusal if answer is None else _either(answer, refusal)
     operation: dict[str, Any] = {"responses": responses}
     if route.body is not None:
         content = {"application/json": {"schema": _ref(route.body)}}
