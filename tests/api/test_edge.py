@@ -24,6 +24,7 @@ from starlette.types import Receive, Scope, Send
 from connector.api.edge import EdgeH11Protocol, HttpEdge, allowed_host_names, host_is_allowed
 from connector.cli import serve_cmd
 from connector.cli.main import build_parser
+from tests.support.waiting import wait_until
 
 
 @dataclass
@@ -62,9 +63,7 @@ class Served:
 
     async def wait_open_connections(self, count: int) -> None:
         """Until the server holds `count` admitted connections (its own record)."""
-        async with asyncio.timeout(10):
-            while len(self.server.server_state.connections) != count:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: len(self.server.server_state.connections) == count)
 
 
 @asynccontextmanager
@@ -75,9 +74,7 @@ async def running(edge: HttpEdge) -> AsyncIterator[Served]:
     server = serve_cmd.http_server(app, edge)
     task = asyncio.create_task(server.serve(sockets=[listener]))
     try:
-        async with asyncio.timeout(10):
-            while not server.started:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: server.started)
         yield Served(server, listener.getsockname()[1], app)
     finally:
         server.should_exit = True
@@ -223,9 +220,7 @@ async def test_headers_then_no_body_is_answered_408_and_the_app_sees_a_disconnec
             raw = await reader.read()
         assert loop.time() - sent_headers >= SHORT.body_seconds - 0.01
         assert_refusal(raw, 408, "request-timeout")
-        async with asyncio.timeout(10):
-            while served.app.received[-1:] != ["http.disconnect"]:
-                await asyncio.sleep(0.01)
+        await wait_until(lambda: served.app.received[-1:] == ["http.disconnect"])
         await served.wait_open_connections(0)
 
 
