@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import dataclasses
-import json
 import logging
 import os
 import signal
@@ -23,12 +21,10 @@ from connector.api.edge import HostCheck, HttpEdge, allowed_host_names, edge_pro
 from connector.api.host_routes import host_router
 from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.bus.messages import Subjects, check_broker_url
-from connector.catalog.keys import refuse_published_test_key
 from connector.cli.main import EXIT_OK, EXIT_USAGE, DefaultsHelp, usage_error
+from connector.cli.serve_flags import add_edge_arguments, check_trust, host_policy_from
 from connector.contract.transports import TRANSPORTS
-from connector.core.policy import DeferredHostPolicy, PolicyError
 from connector.errors import CatalogError
-from connector.resources import example_catalog, example_trust
 from connector.service.operations import LiveConnectorOperations
 from connector.storage.files import make_private_dir
 from connector.telemetry.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
@@ -115,34 +111,8 @@ def register(subparsers: Any) -> None:
         default=None,
         help=f"log lines as plain text or JSON Lines (default: ${LOG_FORMAT_ENV}, else text)",
     )
-    _add_edge_arguments(parser)
+    add_edge_arguments(parser)
     parser.set_defaults(handler=run)
-
-
-def _add_edge_arguments(parser: argparse.ArgumentParser) -> None:
-    """Trust, host policy and the hosts the HTTP edge answers for (CONTRACT §3, §8, §12)."""
-    parser.add_argument(
-        "--allow-test-key",
-        action="store_true",
-        help="start although the trust directory holds the published test key (tests and demos only: "
-        "anyone can sign with it)",
-    )
-    defaults = ", ".join(f"{f.name}={f.default}" for f in dataclasses.fields(DeferredHostPolicy))
-    parser.add_argument(
-        "--host-policy",
-        type=Path,
-        default=None,
-        metavar="FILE",
-        help=f"JSON object overriding host policy fields (defaults: {defaults})",
-    )
-    parser.add_argument(
-        "--allowed-host",
-        action="append",
-        default=[],
-        metavar="NAME",
-        help="a host name the HTTP API answers for besides IP literals and localhost (others get 421); "
-        "repeatable",
-    )
 
 
 def parse_replays(values: list[str]) -> dict[str, Path]:
@@ -194,44 +164,6 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
         nats_service=_nats_service(args.nats_service),
         host_policy=host_policy_from(getattr(args, "host_policy", None)),
     )
-
-
-def host_policy_from(path: Path | None) -> DeferredHostPolicy:
-    """The default policy, or the one of `--host-policy FILE`; ValueError naming the refused keys."""
-    if path is None:
-        return DeferredHostPolicy()
-    try:
-        document = json.loads(path.read_bytes(), object_pairs_hook=_unique_keys, parse_constant=_no_constant)
-    except OSError as error:
-        raise ValueError(f"--host-policy {path}: {error.strerror or type(error).__name__}") from None
-    except ValueError:
-        raise ValueError(f"--host-policy {path}: not a JSON document without duplicate keys") from None
-    if not isinstance(document, dict):
-        raise ValueError(f"--host-policy {path}: must hold a JSON object of host policy fields")
-    try:
-        return DeferredHostPolicy.from_mapping(document)
-    except PolicyError as error:
-        refused = "; ".join(f"{d['message'].lstrip('/')} ({d['code']})" for d in error.diagnostics)
-        raise ValueError(f"--host-policy {path}: refused {refused}") from None
-
-
-def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    if len({key for key, _ in pairs}) != len(pairs):
-        raise ValueError("duplicate key")
-    return dict(pairs)
-
-
-def _no_constant(_: str) -> Any:
-    raise ValueError("NaN and Infinity are not JSON")
-
-
-def check_trust(args: argparse.Namespace, config: ConnectorConfig) -> None:
-    """`catalog-test-key` unless allowed or `--simulate` serves the packaged example (CONTRACT §0, §12)."""
-    packaged = config.catalog.resolve() == example_catalog().resolve()
-    packaged = packaged and config.trust_dir.resolve() == example_trust().resolve()
-    if getattr(args, "allow_test_key", False) or (config.simulate and packaged):
-        return
-    refuse_published_test_key(config.trust_dir)
 
 
 def _mdns_interfaces(text: str) -> tuple[str, ...] | str:

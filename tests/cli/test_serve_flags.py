@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from connector.cli import serve_cmd
+from connector.cli import serve_cmd, serve_flags
 from connector.cli.main import build_parser, main
 from connector.core.policy import DeferredHostPolicy
 from connector.testing import wait_serving
@@ -80,8 +80,8 @@ def _policy_file(tmp_path: Path, text: str) -> Path:
         ('{"max_attempts": true}', "max_attempts (not-an-integer)"),
         ('{"min_retry_after_seconds": 61}', "min_retry_after_seconds (min-above-max)"),
         ("[1]", "must hold a JSON object"),
-        ('{"max_attempts": 5, "max_attempts": 6}', "not a JSON document without duplicate keys"),
-        ('{"jitter_fraction": NaN}', "not a JSON document"),
+        ('{"max_attempts": 5, "max_attempts": 6}', "is not a well-formed JSON document"),
+        ('{"jitter_fraction": NaN}', "is not a well-formed JSON document"),
     ],
 )
 def test_a_refused_host_policy_exits_2_naming_the_key(
@@ -93,11 +93,11 @@ def test_a_refused_host_policy_exits_2_naming_the_key(
     assert code == 2 and named in err and err.count("\n") == 1, err
 
 
-def test_a_missing_host_policy_file_exits_2_with_the_os_reason(
+def test_a_missing_host_policy_file_exits_2_naming_it(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = main(["serve", "--data-dir", str(tmp_path), "--host-policy", str(tmp_path / "nope.json")])
-    assert code == 2 and "No such file or directory" in capsys.readouterr().err
+    assert code == 2 and "nope.json does not exist" in capsys.readouterr().err
 
 
 def test_a_host_policy_file_overrides_only_its_fields(tmp_path: Path) -> None:
@@ -122,4 +122,4 @@ def test_serve_help_lists_every_policy_field_with_its_default(capsys: pytest.Cap
 def test_the_policy_file_is_read_as_json_not_as_a_directive(tmp_path: Path) -> None:
     """A fraction is fine here (jitter_fraction): directives' integer-only rule does not apply."""
     path = _policy_file(tmp_path, json.dumps({"jitter_fraction": 0.25}))
-    assert serve_cmd.host_policy_from(path).jitter_fraction == 0.25
+    assert serve_flags.host_policy_from(path).jitter_fraction == 0.25
