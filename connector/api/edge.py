@@ -11,7 +11,9 @@ Rules of this file:
   once, drained for `linger_seconds` so the answer is not lost to a reset, then closed; admitted
   connections go on as before;
 - a `Host` that names neither an IP literal, nor `localhost`, nor a name the operator allowed is answered
-  421 `misdirected-request` before the application sees the request (a DNS-rebinding page needs a name).
+  421 `misdirected-request` before the application sees the request (a DNS-rebinding page needs a name);
+- `sensorium_http_connections_open` is the count the cap compares with: admitted connections not yet lost
+  (a refused one is never counted), read from uvicorn's server state at scrape time.
 Every answer of this file is a `sensorium-error.v1` built by the one refusal mapper of `api.errors`.
 """
 
@@ -24,8 +26,10 @@ from dataclasses import dataclass
 from http import HTTPStatus
 from typing import Any, ClassVar
 
+from prometheus_client import CollectorRegistry, Gauge
 from starlette.types import ASGIApp, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
+from uvicorn.server import ServerState
 
 from connector.api.errors import refusal_response
 from connector.errors import SensoriumError
@@ -233,6 +237,16 @@ class EdgeH11Protocol(H11Protocol):
 
 def _timeout(what: str) -> SensoriumError:
     return SensoriumError(f"{what} did not arrive in time", code="request-timeout")
+
+
+def watch_connections(state: ServerState, metrics: CollectorRegistry) -> None:
+    """Register `sensorium_http_connections_open` over the connections of `state` (those the cap counts)."""
+    gauge = Gauge(
+        "sensorium_http_connections_open",
+        "Admitted HTTP connections not yet closed: the count the connection cap compares with",
+        registry=metrics,
+    )
+    gauge.set_function(lambda: float(len(state.connections)))
 
 
 def edge_protocol(edge: HttpEdge) -> type[EdgeH11Protocol]:

@@ -15,9 +15,10 @@ from typing import Any
 
 import anyio
 import uvicorn
+from prometheus_client import CollectorRegistry
 
 from connector.api.console import console_router
-from connector.api.edge import HostCheck, HttpEdge, allowed_host_names, edge_protocol
+from connector.api.edge import HostCheck, HttpEdge, allowed_host_names, edge_protocol, watch_connections
 from connector.api.host_routes import host_router
 from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.bus.messages import Subjects, check_broker_url
@@ -216,8 +217,11 @@ def listen(host: str, port: int) -> socket.socket:
     return listener
 
 
-def http_server(app: Any, edge: HttpEdge) -> uvicorn.Server:
-    """uvicorn over `app` with the edge's deadlines, connection cap and `Host` check (CONTRACT §8)."""
+def http_server(app: Any, edge: HttpEdge, metrics: CollectorRegistry | None = None) -> uvicorn.Server:
+    """uvicorn over `app` with the edge's deadlines, connection cap and `Host` check (CONTRACT §8).
+
+    With `metrics`, the open-connection gauge of the edge is registered there (`serve`: the `/metrics` one).
+    """
     # log_config=None: uvicorn's own records go through our handler (text or JSON Lines) like every other.
     config = uvicorn.Config(
         HostCheck(app, edge.allowed_hosts),
@@ -227,14 +231,17 @@ def http_server(app: Any, edge: HttpEdge) -> uvicorn.Server:
         lifespan="off",
         log_config=None,
     )
-    return _Server(config)
+    server = _Server(config)
+    if metrics is not None:
+        watch_connections(server.server_state, metrics)
+    return server
 
 
 async def _serve(config: ConnectorConfig, listener: socket.socket, edge: HttpEdge) -> None:
     make_private_dir(config.data_dir)
     async with assemble(config, routers=extra_routers) as assembled:
         host, port = listener.getsockname()[:2]
-        server = http_server(assembled.app, edge)
+        server = http_server(assembled.app, edge, assembled.metrics)
         _log.info(
             "serving on http://%s:%d (catalog %s v%d)",
             host,

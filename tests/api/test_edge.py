@@ -19,6 +19,7 @@ from typing import Any
 
 import anyio
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 from starlette.types import Receive, Scope, Send
 
 from connector.api.edge import EdgeH11Protocol, HttpEdge, allowed_host_names, host_is_allowed
@@ -56,6 +57,7 @@ class Served:
     server: Any
     port: int
     app: EchoApp
+    metrics: CollectorRegistry
 
     async def connect(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A raw TCP connection."""
@@ -65,17 +67,22 @@ class Served:
         """Until the server holds `count` admitted connections (its own record)."""
         await wait_until(lambda: len(self.server.server_state.connections) == count)
 
+    def open_gauge(self) -> float | None:
+        """`sensorium_http_connections_open` as a scrape reads it now."""
+        return self.metrics.get_sample_value("sensorium_http_connections_open")
+
 
 @asynccontextmanager
 async def running(edge: HttpEdge) -> AsyncIterator[Served]:
     """`serve`'s uvicorn server over the real listener, with `edge`, until the block ends."""
     app = EchoApp()
+    metrics = CollectorRegistry()
     listener = serve_cmd.listen("127.0.0.1", 0)
-    server = serve_cmd.http_server(app, edge)
+    server = serve_cmd.http_server(app, edge, metrics)
     task = asyncio.create_task(server.serve(sockets=[listener]))
     try:
         await wait_until(lambda: server.started)
-        yield Served(server, listener.getsockname()[1], app)
+        yield Served(server, listener.getsockname()[1], app, metrics)
     finally:
         server.should_exit = True
         await task
@@ -282,6 +289,32 @@ async def test_beyond_the_cap_a_connection_is_answered_503_at_once_and_the_admit
             async with asyncio.timeout(10):
                 status = parse(await admitted_reader.readuntil(b"\r\n\r\n"))[0]
             assert status == 200
+
+
+@pytest.mark.asyncio
+async def test_the_open_connections_gauge_is_the_count_the_cap_compares_with() -> None:
+    edge = HttpEdge(max_connections=2, header_seconds=30, keep_alive_seconds=30)
+    async with running(edge) as served, contextlib.AsyncExitStack() as stack:
+        assert served.open_gauge() == 0
+        assert b"# TYPE sensorium_http_connections_open gauge" in generate_latest(served.metrics)
+        admitted = [await stack.enter_async_context(connection(served)) for _ in range(2)]
+        await served.wait_open_connections(2)
+        assert served.open_gauge() == 2
+        reader, _ = await stack.enter_async_context(connection(served))
+        async with asyncio.timeout(5):
+            assert_refusal(await reader.read(), 503, "overloaded")
+        assert served.open_gauge() == 2  # the refused connection is not counted
+        admitted[0][1].close()
+        await served.wait_open_connections(1)
+        assert served.open_gauge() == 1
+    async with running(SHORT) as served, connection(served) as (reader, writer):
+        writer.write(b"GET /echo HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n")
+        async with asyncio.timeout(10):
+            raw = await reader.read()
+        assert parse(raw)[0] == 200
+        # Read to the server's close, a `Connection: close` answer's connection is no longer counted:
+        # what the e2e test relies on when it polls `/metrics` before filling the cap.
+        assert served.open_gauge() == 0
 
 
 @pytest.mark.asyncio

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import re
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -15,11 +16,14 @@ import pytest
 
 from connector.api.edge import HttpEdge
 from tests.support.serving import serving_async
+from tests.support.waiting import poll
 
 pytestmark = pytest.mark.serve
 
 Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 REQUEST = b"GET /healthz HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n"
+METRICS = b"GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n"
+OPEN_GAUGE = re.compile(rb"^sensorium_http_connections_open (\S+)$", re.MULTILINE)
 
 
 @asynccontextmanager
@@ -44,6 +48,35 @@ async def answer_status(reader: asyncio.StreamReader, writer: asyncio.StreamWrit
     async with asyncio.timeout(10):
         head = await reader.readuntil(b"\r\n\r\n")
     return int(head.split(b" ")[1])
+
+
+async def open_connections(port: int) -> int:
+    """The edge's admitted connections, its own included, from `/metrics` on a `Connection: close` request.
+
+    The answer is read to the server's close: the server drops a connection from the count before it
+    closes the socket (asyncio calls `connection_lost` first), so once this returns, its own is not counted.
+    """
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(METRICS)
+        async with asyncio.timeout(10):
+            raw = await reader.read()
+    finally:
+        writer.close()
+        with contextlib.suppress(OSError):
+            await writer.wait_closed()
+    assert raw.startswith(b"HTTP/1.1 200 "), raw[:200]
+    found = OPEN_GAUGE.search(raw.partition(b"\r\n\r\n")[2])
+    assert found is not None, "no sensorium_http_connections_open on /metrics"
+    return int(float(found.group(1)))
+
+
+async def wait_no_other_connection(port: int) -> None:
+    """Until the server counts only the polling connection: then the test's are all the cap counts.
+
+    An earlier connection (the start-up `/healthz` probe's) may still be counted while its close is pending.
+    """
+    await poll(lambda: open_connections(port), lambda count: count == 1)
 
 
 @pytest.mark.asyncio
@@ -86,6 +119,7 @@ async def test_the_257th_connection_is_answered_503_at_once_while_the_admitted_a
     async with serving_async("--data-dir", tmp_path / "data", log=tmp_path / "serve.log") as served:
         port = httpx.URL(served.base_url).port
         assert port is not None
+        await wait_no_other_connection(port)
         async with raw_connections(port, cap) as admitted:
             # Accepted in order: once the last one is answered, every earlier one holds its slot.
             assert await answer_status(*admitted[-1]) == 200
