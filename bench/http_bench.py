@@ -217,6 +217,7 @@ async def main(args: argparse.Namespace) -> int:
             "0",
             "--replay",
             f"ble={fixture}",
+            "--allow-test-key",  # the shipped example catalog and its test key
         ]
         if args.retained:
             argv += _short_retention_catalog(base, args.result_retention)

@@ -16,6 +16,7 @@ HTTP_STATUS_BY_CODE: Mapping[str, int] = {
     "unknown-binding": 404,
     "not-found": 404,
     "method-not-allowed": 405,
+    "request-timeout": 408,
     "execution-mode-not-supported": 409,
     "status-v2-required": 409,
     "idempotency-conflict": 409,
@@ -25,11 +26,13 @@ HTTP_STATUS_BY_CODE: Mapping[str, int] = {
     "not-bindable": 409,
     "candidate-consumed": 409,
     "candidate-expired": 410,
+    "misdirected-request": 421,
     "body-too-large": 413,
     "invalid-directive": 422,
     "invalid-input": 422,
     "too-many-operations": 429,
     "internal": 500,
+    "overloaded": 503,
 }
 
 

@@ -259,6 +259,8 @@ def start_connector(
         argv = [sys.executable, "-m", "connector", "serve", "--host", "127.0.0.1", "--port", "0"]
         argv += ["--data-dir", str(data_dir), "--catalog", str(catalog or default_catalog_path)]
         argv += ["--trust", str(trust or default_trust), "--mdns-interfaces", "127.0.0.1"]
+        if trust is None:
+            argv.append("--allow-test-key")  # the example's key: a test harness may trust it (CONTRACT §12)
         if simulate:
             argv += ["--simulate", ",".join(simulate)]
         for transport, path in (replay or {}).items():

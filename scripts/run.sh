@@ -4,13 +4,43 @@
 # and an operator principal and prints their bearer tokens once (only hashes are stored); every run prints
 # what to try next. Extra arguments go to `sensorium-connector serve`, for example
 # `scripts/run.sh --replay ble=hw-fixtures/ble-heart-rate-lab.jsonl` for BLE devices without a radio.
-# SENSORIUM_DATA_DIR chooses another state directory (tests use it to stay out of .sensorium/).
+# The example catalog is signed by a published test key, so it is never trusted here: the first start creates
+# this machine's operator key under the state directory (private half 0600), signs a copy of
+# catalog/actions.json with it there, and serves that copy trusting only that key. A later edit of the
+# example is not adopted by itself: run.sh says it changed and prints the command that signs it.
+# SENSORIUM_DATA_DIR chooses another state directory (tests use it to stay out of .sensorium/), and
+# SENSORIUM_EXAMPLE_CATALOG another example to copy (tests use it to leave catalog/ alone).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/bootstrap.sh
 data_dir=${SENSORIUM_DATA_DIR:-.sensorium}
-mkdir -p "$data_dir"
+example=${SENSORIUM_EXAMPLE_CATALOG:-catalog/actions.json}
+[ -d "$data_dir" ] || mkdir -p -m 700 "$data_dir"
 cli=.venv/bin/sensorium-connector
+
+key_dir=$data_dir/operator-key
+trust_dir=$data_dir/trust
+signed=$data_dir/catalog/actions.json
+if ! compgen -G "$key_dir/*.key" >/dev/null; then
+  created=$("$cli" catalog keygen --out "$key_dir")
+  echo "created this machine's operator key $created: $key_dir/$created.key (mode 0600)"
+fi
+key=$(compgen -G "$key_dir/*.key" | head -n 1)
+key_id=$(basename "$key" .key)
+if [ ! -f "$trust_dir/$key_id.pub" ]; then
+  mkdir -p "$trust_dir"
+  cp "$key_dir/$key_id.pub" "$trust_dir/"
+fi
+if [ ! -f "$signed" ]; then
+  mkdir -p "$(dirname "$signed")"
+  cp "$example" "$signed"
+  "$cli" catalog sign "$signed" --key "$key" >/dev/null
+  echo "signed a copy of $example with it: $signed"
+elif ! cmp -s "$example" "$signed"; then
+  echo "$example changed since it was signed for this machine; still serving $signed. To adopt the change,"
+  echo "review it, then sign it with this machine's key:"
+  echo "  cp $example $signed && $cli catalog sign $signed --key $key"
+fi
 if [ ! -f "$data_dir/principals.json" ]; then
   caller=$("$cli" principals add --data-dir "$data_dir" --id bench --role caller \
     --grant device.discovery.scan --grant whisper.redaction.prepare --grant sensorium.os.info | tail -n 1)
@@ -30,5 +60,6 @@ next steps (see README.md, "Usage"):
   no radio here?    scripts/run.sh --replay ble=hw-fixtures/ble-heart-rate-lab.jsonl
   terminal scan:    $cli scan --transport ble --window 5 --filter service_uuid=180d --replay hw-fixtures/ble-heart-rate-lab.jsonl
   HTTP with curl:   admit, long poll, cancel and bind, as in README.md
+  catalog:          $signed, signed by this machine's key $key_id, the only one trusted ($trust_dir)
 NEXT
-exec "$cli" serve --data-dir "$data_dir" "$@"
+exec "$cli" serve --data-dir "$data_dir" --catalog "$signed" --trust "$trust_dir" "$@"

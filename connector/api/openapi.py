@@ -35,9 +35,11 @@ _REASON = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     409: "Conflict",
     410: "Gone",
     413: "Content Too Large",
+    421: "Misdirected Request",
     422: "Unprocessable Content",
     429: "Too Many Requests",
     500: "Internal Server Error",
@@ -292,6 +294,8 @@ class Route:
 # Any request can meet these: the body limit applies before routing (even to a GET with a body), and a
 # bug of ours answers 500 `internal`.
 ANY_ROUTE_REFUSALS = ("body-too-large", "internal")
+# What the server's edge answers below every route (CONTRACT §8): read deadlines, foreign `Host`, the cap.
+EDGE_REFUSALS = ("request-timeout", "misdirected-request", "overloaded")
 # What admitting a directive may refuse (SPEC 2): the connector's invoke route and the host's admit route.
 ADMISSION_REFUSALS = (
     "invalid-json",
@@ -309,7 +313,9 @@ ADMISSION_REFUSALS = (
     "transport-claimed",
 )
 # Refusal codes that carry `Retry-After` (SPEC 2 step 9, 6.8).
-RETRY_AFTER_CODES = frozenset({"too-many-operations", "transport-claimed", "session-not-terminated"})
+RETRY_AFTER_CODES = frozenset(
+    {"too-many-operations", "transport-claimed", "session-not-terminated", "overloaded"}
+)
 
 
 def declare(route: Route) -> dict[str, Any]:
@@ -322,10 +328,12 @@ def _operation(route: Route) -> dict[str, Any]:
     for ok in route.oks:
         responses[str(ok.status)] = _ok_response(ok)
     by_status: dict[int, list[str]] = {}
-    for code in dict.fromkeys((*route.refusals, *ANY_ROUTE_REFUSALS)):
+    for code in dict.fromkeys((*route.refusals, *ANY_ROUTE_REFUSALS, *EDGE_REFUSALS)):
         by_status.setdefault(HTTP_STATUS_BY_CODE[code], []).append(code)
     for status, codes in sorted(by_status.items()):
-        responses[str(status)] = _refusal(status, codes)
+        refusal = _refusal(status, codes)
+        answer = responses.get(str(status))
+        responses[str(status)] = refusal if answer is None else _either(answer, refusal)
     operation: dict[str, Any] = {"responses": responses}
     if route.body is not None:
         content = {"application/json": {"schema": _ref(route.body)}}
@@ -358,6 +366,19 @@ def _refusal(status: int, codes: Sequence[str]) -> dict[str, Any]:
         required = set(codes) <= RETRY_AFTER_CODES
         response["headers"] = {"Retry-After": _header("Retry-After", required)}
     return response
+
+
+def _either(ok: dict[str, Any], refusal: dict[str, Any]) -> dict[str, Any]:
+    """One status that is an answer of the route or a refusal (`/healthz` starting, or the edge's 503)."""
+    schemas = [r["content"]["application/json"]["schema"] for r in (ok, refusal)]
+    either: dict[str, Any] = {
+        "description": f"{ok['description']}; or {refusal['description']}",
+        "content": {"application/json": {"schema": {"anyOf": schemas}}},
+    }
+    headers = {**ok.get("headers", {}), **refusal.get("headers", {})}
+    if headers:
+        either["headers"] = {name: {**header, "required": False} for name, header in headers.items()}
+    return either
 
 
 def _header(name: str, required: bool) -> dict[str, Any]:

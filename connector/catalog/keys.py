@@ -20,6 +20,10 @@ PUBLIC_SUFFIX = ".pub"
 PRIVATE_SUFFIX = ".key"
 TRUST_INVALID = "catalog-trust-invalid"
 KEY_INVALID = "catalog-key-invalid"
+TEST_KEY_TRUSTED = "catalog-test-key"
+# The public half of the test key whose private half is published in `tests/keys/` (CONTRACT §12): it signs
+# the example catalog, so trusting it is trusting anyone who can write a catalog file.
+PUBLISHED_TEST_KEY = "bUF2alQYYRx8POMeUOJqqqeXqlk3kMjNh0f2JHtYcTo"
 
 
 def b64url_encode(raw: bytes) -> str:
@@ -103,3 +107,33 @@ def load_trusted_keys(trust_dir: Path) -> Mapping[str, Ed25519PublicKey]:
 def load_private_key(path: Path) -> Ed25519PrivateKey:
     """One `<key/id>.key` file."""
     return Ed25519PrivateKey.from_private_bytes(_read_key_text(path, KEY_INVALID))
+
+
+def published_test_key_id() -> str:
+    """The key id of the published test key."""
+    raw = b64url_decode(PUBLISHED_TEST_KEY, RAW_KEY_BYTES)
+    assert raw is not None  # a constant of this module
+    return hashlib.sha256(raw).hexdigest()[:16]
+
+
+def holds_published_test_key(trust_dir: Path) -> bool:
+    """Whether a `*.pub` file in `trust_dir` is the published test key (files that are no key are not)."""
+    for path in sorted(trust_dir.glob(f"*{PUBLIC_SUFFIX}")) if trust_dir.is_dir() else ():
+        try:
+            text = path.read_text(encoding="ascii").strip()
+        except (OSError, UnicodeDecodeError):
+            continue  # loading the trust directory refuses it with its own reason
+        if text == PUBLISHED_TEST_KEY:
+            return True
+    return False
+
+
+def refuse_published_test_key(trust_dir: Path) -> None:
+    """`catalog-test-key` when `trust_dir` trusts the published test key (CONTRACT §12)."""
+    if holds_published_test_key(trust_dir):
+        raise CatalogError(
+            f"trust directory {trust_dir} holds the published test key {published_test_key_id()}, whose "
+            "private half anyone can read; trust your own operator key, or pass --allow-test-key for tests "
+            "and demos",
+            code=TEST_KEY_TRUSTED,
+        )

@@ -22,6 +22,7 @@ from connector.catalog.keys import (
 )
 from connector.catalog.loader import MISSING, load_verified_catalog, read_json_document, signature_path_for
 from connector.catalog.signing import sign_catalog
+from connector.cli.catalog_source import test_key_note
 from connector.cli.main import EXIT_FAILED, EXIT_OK, usage_error
 from connector.errors import CatalogError
 
@@ -119,4 +120,7 @@ def run_verify(args: argparse.Namespace) -> int:
         f"catalog {verified.catalog_id} version {verified.version} verified: "
         f"{len(verified.actions)} actions, signed by key {verified.key_id}"
     )
+    note = test_key_note("catalog verify", verified)
+    if note is not None:
+        print(note, file=sys.stderr)
     return EXIT_OK

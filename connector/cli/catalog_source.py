@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+from connector.catalog.keys import published_test_key_id
+from connector.catalog.signing import VerifiedCatalog
 from connector.resources import example_catalog, example_trust
 
 CHECKOUT_CATALOG = Path("catalog/actions.json")
@@ -27,3 +29,14 @@ def catalog_with_fallback(command: str, catalog: Path | None, trust: Path | None
         file=sys.stderr,
     )
     return example_catalog(), trust or example_trust()
+
+
+
+def test_key_note(command: str, catalog: VerifiedCatalog) -> str | None:
+    """The stderr line saying that the accepted catalog is signed by the published test key (CONTRACT §12)."""
+    if catalog.key_id != published_test_key_id():
+        return None
+    return (
+        f"sensorium-connector: {command}: catalog signed by the published test key {catalog.key_id} "
+        "(anyone can sign with it): for tests and demos only"
+    )

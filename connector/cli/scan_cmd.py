@@ -64,6 +64,7 @@ class ScanPlan:
     spec: SessionSpec
     provider: Provider
     json_output: bool
+    notes: tuple[str, ...] = ()  # stderr lines shown under the "scanning" line
 
     @property
     def scope(self) -> DiscoveryScope:
@@ -217,7 +218,7 @@ def _reason(error: SensoriumError) -> str:
 def _plan(args: argparse.Namespace) -> ScanPlan:
     """The directive from the flags, admitted against the verified catalog; the provider to use."""
     from connector.catalog.loader import load_verified_catalog
-    from connector.cli.catalog_source import catalog_with_fallback
+    from connector.cli.catalog_source import catalog_with_fallback, test_key_note
     from connector.cli.scope_forms import scope_input_from_cli
     from providers.registry import build_provider
 
@@ -235,7 +236,8 @@ def _plan(args: argparse.Namespace) -> ScanPlan:
         ble_adapter=spec.scope.adapter,
         mdns_interfaces=args.mdns_interfaces,
     )
-    return ScanPlan(spec=spec, provider=provider, json_output=args.json)
+    notes = tuple(note for note in (test_key_note("scan", catalog),) if note is not None)
+    return ScanPlan(spec=spec, provider=provider, json_output=args.json, notes=notes)
 
 
 def _admitted(catalog: VerifiedCatalog, raw_input: dict[str, Any], now: datetime) -> SessionSpec:
@@ -309,6 +311,8 @@ async def _scan(plan: ScanPlan) -> _Outcome:
         console.print(
             f"scan: scanning {plan.scope.transport} for {plan.scope.window_seconds} s (Ctrl-C cancels)"
         )
+        for note in plan.notes:
+            console.print(note, markup=False, highlight=False, soft_wrap=True)
         outcome.status = await _follow(manager, handle.operation_id, plan.scope, now_ms, console, outcome)
         watchers.cancel_scope.cancel()
     return outcome

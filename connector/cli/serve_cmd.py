@@ -15,12 +15,15 @@ from typing import Any
 
 import anyio
 import uvicorn
+from prometheus_client import CollectorRegistry
 
 from connector.api.console import console_router
+from connector.api.edge import HostCheck, HttpEdge, allowed_host_names, edge_protocol, watch_connections
 from connector.api.host_routes import host_router
 from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.bus.messages import Subjects, check_broker_url
 from connector.cli.main import EXIT_OK, EXIT_USAGE, DefaultsHelp, usage_error
+from connector.cli.serve_flags import add_edge_arguments, check_trust, host_policy_from
 from connector.contract.transports import TRANSPORTS
 from connector.errors import CatalogError
 from connector.service.operations import LiveConnectorOperations
@@ -109,6 +112,7 @@ def register(subparsers: Any) -> None:
         default=None,
         help=f"log lines as plain text or JSON Lines (default: ${LOG_FORMAT_ENV}, else text)",
     )
+    add_edge_arguments(parser)
     parser.set_defaults(handler=run)
 
 
@@ -159,6 +163,7 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
         mdns_interfaces=interfaces,
         nats_url=None if args.nats is None else check_broker_url(args.nats),
         nats_service=_nats_service(args.nats_service),
+        host_policy=host_policy_from(getattr(args, "host_policy", None)),
     )
 
 
@@ -186,14 +191,22 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(log_format, sys.stderr)
     try:
         config = config_from(args)
+        edge = HttpEdge(allowed_hosts=allowed_host_names(args.allowed_host))
+        check_trust(args, config)
         listener = listen(args.host, args.port)
+    except CatalogError as error:
+        return _catalog_refused(error)
     except (ValueError, OSError) as error:
         return usage_error(str(error))
     try:
-        anyio.run(_serve, config, listener)
+        anyio.run(_serve, config, listener, edge)
     except CatalogError as error:
-        return usage_error(f"catalog refused ({error.code}): {error.message}")
+        return _catalog_refused(error)
     return EXIT_OK
+
+
+def _catalog_refused(error: CatalogError) -> int:
+    return usage_error(f"catalog refused ({error.code}): {error.message}")
 
 
 def listen(host: str, port: int) -> socket.socket:
@@ -204,12 +217,31 @@ def listen(host: str, port: int) -> socket.socket:
     return listener
 
 
-async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
+def http_server(app: Any, edge: HttpEdge, metrics: CollectorRegistry | None = None) -> uvicorn.Server:
+    """uvicorn over `app` with the edge's deadlines, connection cap and `Host` check (CONTRACT §8).
+
+    With `metrics`, the open-connection gauge of the edge is registered there (`serve`: the `/metrics` one).
+    """
+    # log_config=None: uvicorn's own records go through our handler (text or JSON Lines) like every other.
+    config = uvicorn.Config(
+        HostCheck(app, edge.allowed_hosts),
+        http=edge_protocol(edge),
+        timeout_keep_alive=edge.keep_alive_seconds,
+        log_level="warning",
+        lifespan="off",
+        log_config=None,
+    )
+    server = _Server(config)
+    if metrics is not None:
+        watch_connections(server.server_state, metrics)
+    return server
+
+
+async def _serve(config: ConnectorConfig, listener: socket.socket, edge: HttpEdge) -> None:
     make_private_dir(config.data_dir)
     async with assemble(config, routers=extra_routers) as assembled:
         host, port = listener.getsockname()[:2]
-        # log_config=None: uvicorn's own records go through our handler (text or JSON Lines) like every other.
-        server = _Server(uvicorn.Config(assembled.app, log_level="warning", lifespan="off", log_config=None))
+        server = http_server(assembled.app, edge, assembled.metrics)
         _log.info(
             "serving on http://%s:%d (catalog %s v%d)",
             host,

@@ -15,7 +15,13 @@ from openapi_python_client.schema import OpenAPI
 from referencing import Registry
 from referencing.jsonschema import DRAFT202012
 
-from connector.api.openapi import ADMISSION_REFUSALS, COMPONENTS, RETRY_AFTER_CODES, component_name
+from connector.api.openapi import (
+    ADMISSION_REFUSALS,
+    COMPONENTS,
+    EDGE_REFUSALS,
+    RETRY_AFTER_CODES,
+    component_name,
+)
 from connector.contract.schemas import schema_document, schema_files, schema_names, wire_validator
 from connector.errors import HTTP_STATUS_BY_CODE
 from tests.contract.vectors import all_vectors
@@ -104,7 +110,7 @@ def _refusal_codes(operation: dict[str, Any]) -> set[str]:
 async def test_both_admission_routes_declare_the_one_admission_refusal_list(tmp_path: Path) -> None:
     paths = (await served(tmp_path))["paths"]
     invoke, admit = paths["/v1/directives"]["post"], paths["/v1/host/directives"]["post"]
-    assert _refusal_codes(invoke) == _refusal_codes(admit) == set(ADMISSION_REFUSALS)
+    assert _refusal_codes(invoke) == _refusal_codes(admit) == {*ADMISSION_REFUSALS, *EDGE_REFUSALS}
 
 
 @pytest.mark.asyncio

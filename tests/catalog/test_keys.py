@@ -4,20 +4,28 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import shutil
 import stat
 from pathlib import Path
 
 import pytest
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from connector.catalog.keys import (
+    PUBLISHED_TEST_KEY,
     b64url_decode,
     b64url_encode,
     generate_key_pair,
+    holds_published_test_key,
     key_id_for,
     load_private_key,
     load_trusted_keys,
+    published_test_key_id,
+    refuse_published_test_key,
 )
 from connector.errors import CatalogError
+from tests.support.catalogs import TEST_KEY
+from tests.support.paths import SHIPPED_TRUST
 
 
 def test_generate_writes_named_pair_with_private_mode_0600(tmp_path: Path) -> None:
@@ -111,3 +119,26 @@ def test_b64url_decode_accepts_only_canonical_text() -> None:
     assert b64url_decode(text[:-1] + "B", 64) is None  # non-zero padding bits
     assert b64url_decode(text + "==", 64) is None
     assert b64url_decode("@@@@", 3) is None
+
+
+def test_the_published_test_key_is_the_public_half_of_tests_keys() -> None:
+    private_key = load_private_key(TEST_KEY)
+    public_raw = private_key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    assert b64url_encode(public_raw) == PUBLISHED_TEST_KEY
+    assert published_test_key_id() == key_id_for(private_key.public_key()) == TEST_KEY.stem
+    assert set(load_trusted_keys(SHIPPED_TRUST)) == {published_test_key_id()}
+
+
+def test_a_trust_directory_holding_the_test_key_is_refused(tmp_path: Path) -> None:
+    assert holds_published_test_key(SHIPPED_TRUST)
+    with pytest.raises(CatalogError) as refused:
+        refuse_published_test_key(SHIPPED_TRUST)
+    assert refused.value.code == "catalog-test-key" and "--allow-test-key" in refused.value.message
+    own = tmp_path / "trust"
+    generate_key_pair(own)
+    (own / "notes.txt").write_text(PUBLISHED_TEST_KEY, encoding="ascii")  # not a `.pub`: not trusted
+    assert not holds_published_test_key(own)
+    refuse_published_test_key(own)
+    shutil.copy(SHIPPED_TRUST / f"{TEST_KEY.stem}.pub", own)
+    assert holds_published_test_key(own)
+    assert not holds_published_test_key(tmp_path / "missing")

@@ -74,6 +74,13 @@ def test_sign_then_verify(capsys: pytest.CaptureFixture[str], tmp_path: Path) ->
     assert "sensorium-os.example" in out and "version 1" in out and "3 actions" in out
 
 
+def test_verify_says_on_stderr_when_the_published_test_key_signed(capsys: pytest.CaptureFixture[str]) -> None:
+    trust = REPO / "catalog" / "trust"
+    code, out, err = run(capsys, "catalog", "verify", str(SHIPPED_CATALOG), "--trust", str(trust))
+    assert code == 0 and "signed by key 26d160dae106b7bb" in out and out.count("\n") == 1
+    assert err.count("\n") == 1 and "published test key 26d160dae106b7bb" in err and "tests and demos" in err
+
+
 def test_verify_refusal_exits_1_with_the_code_and_no_content(
     capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:

@@ -69,6 +69,9 @@ def test_a_replayed_scan_prints_only_the_final_v2_status() -> None:
     assert re.search(r"([0-9A-F]{2}:){5}[0-9A-F]{2}", done.stdout.upper()) is None, "no address ever"
     assert all("address" not in c for c in status["result"]["candidates"])
     assert_valid_polls([status])
+    # The shipped catalog is signed by the published test key, and stderr says so (stdout stays the status).
+    notes = [line for line in done.stderr.splitlines() if "published test key" in line]
+    assert len(notes) == 1 and "26d160dae106b7bb" in notes[0] and "tests and demos only" in notes[0]
 
 
 def test_a_scan_without_json_prints_a_table_and_a_summary() -> None:

@@ -39,8 +39,8 @@ def cli_argv(*args: str | Path) -> list[str]:
 
 
 def serve_argv(*args: str | Path) -> list[str]:
-    """`serve` on 127.0.0.1 with an OS-chosen port, then `args`."""
-    return cli_argv("serve", "--host", "127.0.0.1", "--port", "0", *args)
+    """`serve` on 127.0.0.1 with an OS-chosen port, trusting the example's test key, then `args`."""
+    return cli_argv("serve", "--host", "127.0.0.1", "--port", "0", "--allow-test-key", *args)
 
 
 def spawn(argv: Sequence[str], log: Path, *, stdout: Path | None = None) -> subprocess.Popen[bytes]:
