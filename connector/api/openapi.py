@@ -175,6 +175,12 @@ _DURABLE_VIEW = _closed(
         "updated_at": _TIME,
         "bus_op": _nullable(_TEXT),
         "metadata": {"type": "object", "description": "durable metadata (SPEC 6.6): no candidate data"},
+        "route": {"enum": ["host", "bus", "connector"], "description": "where it was admitted"},
+        "action": _nullable(_TEXT),
+        "transport": _nullable(_ref("common.defs.transport")),
+        "window_seconds": _nullable(_COUNT),
+        "adapter": _nullable(_TEXT),
+        "outcome": _nullable(_TEXT),
     }
 )
 API_COMPONENTS: Mapping[str, Any] = {
@@ -248,7 +254,13 @@ API_COMPONENTS: Mapping[str, Any] = {
         }
     ),
     "health": _closed({"status": {"enum": ["ok", "starting"]}}),
-    "operator-operation-list": _closed({"operations": {"type": "array", "items": _DURABLE_VIEW}}),
+    "operator-operation-list": _closed(
+        {
+            "operations": {"type": "array", "items": _DURABLE_VIEW, "maxItems": 200},
+            "next_after": {"type": "string", "description": "the cursor of the next (older) page"},
+        },
+        required=("operations",),
+    ),
     "operator-operation-detail": _closed(
         {
             "operation": _DURABLE_VIEW,
