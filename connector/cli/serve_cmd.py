@@ -257,8 +257,18 @@ def extra_routers(assembled: Assembled) -> list[Any]:
     )
     return [
         host_router(assembled.host),
-        console_router(assembled.host, authenticate=assembled.service.authenticate, operations=operations),
+        console_router(
+            assembled.host,
+            authenticate=assembled.service.authenticate,
+            operations=operations,
+            backends=backends_of(assembled.config),
+        ),
     ]
+
+
+def backends_of(config: ConnectorConfig) -> dict[str, str]:
+    """Transports that are not real hardware, for the console's banner."""
+    return {**{t: "replayed" for t in config.replay}, **{t: "simulated" for t in config.simulate}}
 
 
 def known_adapters(assembled: Assembled) -> dict[str, str]:
