@@ -133,9 +133,12 @@ def parse_replays(values: list[str]) -> dict[str, Path]:
         if not sep or transport not in TRANSPORTS or not path:
             raise ValueError("--replay takes TRANSPORT=FILE with TRANSPORT one of ble, usb-serial, mdns")
         try:
-            load_fixture(path)  # the file and every line checked now, not at the first scan
+            fixture = load_fixture(path)  # the file and every line checked now, not at the first scan
         except FixtureError as error:
             raise ValueError(f"--replay {transport}={path}: {_fixture_reason(path, error)}") from None
+        if fixture.transport != transport:
+            recorded = fixture.transport
+            raise ValueError(f"--replay {transport}={path}: the fixture records {recorded}, not {transport}")
         replays[transport] = Path(path)
     return replays
 
