@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -40,6 +41,7 @@ from connector.core.scope import ALL_FILTER_KEYS
 from connector.errors import SensoriumError
 from connector.service.answers import Done, public_refusal
 from connector.service.operations import AdapterClaim, ConnectorOperations
+from providers.ble_names import company_label, uuid_label
 
 SESSION_COOKIE: Final = "sensorium_console"
 SIGN_IN_COOKIE: Final = "sensorium_console_sign_in"
@@ -50,6 +52,12 @@ ADAPTERS_PATH: Final = "/admin/adapters"
 # Seconds between self-refreshes of pages that show running work or a cleanup still in doubt.
 LIST_REFRESH_SECONDS: Final = 5
 DETAIL_REFRESH_SECONDS: Final = 2
+# The scope values CONTRACT §7 keeps in durable metadata; every other key is shown by its name only.
+_KEPT_VALUES: Final = frozenset(
+    {"service_uuids", "manufacturer_ids", "vid_pid", "service_types", "min_rssi_dbm"}
+)
+_SCOPE_VALUES: Final = 8  # values of one filter a detail page names; the rest are counted
+PAGE_SIZE: Final = 200  # the most the host's listing hands out at once (CONTRACT §9)
 IDLE_TIMEOUT: Final = timedelta(hours=8)
 ABSOLUTE_TIMEOUT: Final = timedelta(hours=24)
 SIGN_IN_NONCE_SECONDS: Final = 900
@@ -67,6 +75,8 @@ STATUSES: Final = (
 )
 TERMINAL: Final = frozenset(STATUSES[2:])
 _MAX_TEXT = 256
+# Characters a page would render invisibly or that reorder text (bidi overrides are `Cf`).
+_HIDDEN_CATEGORIES: Final = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
 _STATIC = Path(__file__).resolve().parent / "static"
 
 SECURITY_HEADERS: Final[Mapping[str, str]] = {
@@ -85,7 +95,9 @@ SECURITY_HEADERS: Final[Mapping[str, str]] = {
 class OperatorViews(Protocol):
     """The host's operator surface the console renders (`HostService`)."""
 
-    async def operator_list(self, token: str | None, status: str | None) -> Done: ...
+    async def operator_list(
+        self, token: str | None, status: str | None = None, *, after: str | None = None, limit: int = ...
+    ) -> Done: ...
     async def operator_detail(self, token: str | None, op_id: str) -> Done: ...
     async def operator_poll(self, token: str | None, op_id: str) -> Done: ...
     async def operator_cancel(self, token: str | None, op_id: str) -> Done: ...
@@ -236,6 +248,16 @@ class OperationView:
     scope: str = ""
 
     @property
+    def short_id(self) -> str:
+        """The last 8 characters: what tells two operations apart in a list."""
+        return self.operation_id[-8:]
+
+    @property
+    def id_head(self) -> str:
+        """The rest of the id, kept in the page (for copy and screen readers) but not shown in lists."""
+        return self.operation_id[:-8]
+
+    @property
     def live(self) -> bool:
         """True while the page should refresh: running work, or a cleanup not yet confirmed."""
         return not self.terminal or self.cleanup_state in ("pending", "uncertain")
@@ -252,14 +274,33 @@ class HistoryView:
 
 
 def _text(value: Any) -> str:
-    """A scalar as bounded text; anything structured is not shown."""
+    """A scalar as bounded, visible text; anything structured is not shown."""
     if value is None or isinstance(value, (dict, list, tuple, set)):
         return ""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (int, str)):
-        return str(value)[:_MAX_TEXT]
+        return visible(str(value)[:_MAX_TEXT])
     return ""
+
+
+def visible(text: str) -> str:
+    """Caller text that cannot mislead: C0 controls and DEL as their control pictures (ESC as `␛`), and
+    format, bidi and other invisible characters (U+202E, U+200B, C1 controls) as `\\uXXXX`."""
+    if text.isprintable():
+        return text
+    shown = []
+    for char in text:
+        point = ord(char)
+        if point < 0x20:
+            shown.append(chr(0x2400 + point))
+        elif point == 0x7F:
+            shown.append("\u2421")
+        elif unicodedata.category(char) in _HIDDEN_CATEGORIES:
+            shown.append(f"\\u{point:04x}")
+        else:
+            shown.append(char)
+    return "".join(shown)
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -296,12 +337,6 @@ def _cleanup_text(cleanup: Mapping[str, Any]) -> str:
     return f"{state}, claim {claim}" if state and claim else state
 
 
-def _outcome_text(record: Mapping[str, Any], metadata: Mapping[str, Any]) -> str:
-    code = _text(record.get("last_error")) or _text(metadata.get("error_code"))
-    reason = _text(metadata.get("reason"))
-    return " ".join(part for part in (reason, code) if part)
-
-
 def _cancelability(record: Mapping[str, Any]) -> tuple[bool, str]:
     cancelable = record.get("cancelable") is True
     if cancelable:
@@ -310,31 +345,28 @@ def _cancelability(record: Mapping[str, Any]) -> tuple[bool, str]:
     return False, f"no: {reason}" if reason else "no"
 
 
-def _scope_facts(metadata: Mapping[str, Any]) -> tuple[str, str, str]:
-    """Transport, window and adapter of a discovery's redacted scope (commands have none)."""
-    scope = metadata.get("scope")
-    if not isinstance(scope, Mapping):
-        return "-", "-", "-"
-    window = scope.get("window_seconds")
+_ROUTES: Final[Mapping[str, str]] = {"host": "host", "bus": "Bus", "connector": "connector"}
+
+
+def _columns(record: Mapping[str, Any]) -> tuple[str, str, str]:
+    """Transport, window and adapter from the operator row's columns (`-` where there is none)."""
+    window = record.get("window_seconds")
     window_text = f"{window} s" if isinstance(window, int) and not isinstance(window, bool) else "-"
-    return _text(scope.get("transport")) or "-", window_text, _text(scope.get("adapter")) or "default"
+    return _text(record.get("transport")) or "-", window_text, _text(record.get("adapter")) or "-"
 
 
 def _scope_text(metadata: Mapping[str, Any]) -> str:
-    """Which filter keys a scan used (how many values; prefixes only by name), exclusions and limits."""
+    """Which filters a scan used: kept values by name and number (`Heart Rate (180d)`), prefixes only by key
+    name, exclusions and limits."""
     scope = metadata.get("scope")
     if not isinstance(scope, Mapping):
         return ""
     filters = _mapping(scope.get("filters"))
-    parts = [
-        f"{key} ({len(value)} value{'s' if len(value) != 1 else ''})" if isinstance(value, list) else key
-        for key, value in filters.items()
-        if key in ALL_FILTER_KEYS
-    ]
+    parts = [_filter_text(key, value) for key, value in filters.items() if key in ALL_FILTER_KEYS]
     redacted = scope.get("filters_redacted")
     if isinstance(redacted, list):
         parts += [f"{key} (value not kept)" for key in redacted if key in ALL_FILTER_KEYS]
-    text = "filters: " + (", ".join(parts) or "none")
+    text = "filters: " + ("; ".join(parts) or "none")
     exclusions = scope.get("exclusions")
     if isinstance(exclusions, list) and exclusions:
         text += "; excluding by " + ", ".join(key for key in exclusions if key in ALL_FILTER_KEYS)
@@ -344,34 +376,44 @@ def _scope_text(metadata: Mapping[str, Any]) -> str:
     return text
 
 
-def connector_record(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """A connector-only operation's durable metadata in the shape of a host operator view."""
-    return {
-        "operation/id": metadata.get("operation/id"),
-        "operation/kind": metadata.get("operation/kind"),
-        "capability_id": metadata.get("action_id"),
-        "owner": metadata.get("owner"),
-        "status": metadata.get("status"),
-        "created_at": metadata.get("created_at"),
-        "updated_at": metadata.get("updated_at"),
-        "expires_at": metadata.get("expires_at"),
-        "cancelable": False,
-        "cancel/unavailable-reason": "admitted on the connector route: only its caller can cancel it",
-        "metadata": dict(metadata),
-        "route": "connector",
-    }
+def _filter_text(key: str, value: Any) -> str:
+    """One filter of a redacted scope: the values CONTRACT §7 keeps, named where bleak's tables know them;
+    any other key by its name only (whatever the metadata holds)."""
+    if key not in _KEPT_VALUES:
+        if not isinstance(value, list):
+            return key
+        return f"{key} ({len(value)} value{'s' if len(value) != 1 else ''})"
+    if not isinstance(value, list):
+        return f"{key} {_text(value)}" if isinstance(value, int) and not isinstance(value, bool) else key
+    shown = [_filter_value(key, item) for item in value[:_SCOPE_VALUES]]
+    more = f" and {len(value) - _SCOPE_VALUES} more" if len(value) > _SCOPE_VALUES else ""
+    return f"{key}: {', '.join(shown)}{more}"
+
+
+def _filter_value(key: str, item: Any) -> str:
+    if key == "service_uuids" and isinstance(item, str):
+        return visible(uuid_label(item[:64]))
+    if key == "manufacturer_ids" and isinstance(item, int) and not isinstance(item, bool):
+        return company_label(item)
+    if key == "vid_pid" and isinstance(item, Mapping):
+        vid, pid = item.get("vid"), item.get("pid")
+        if isinstance(vid, int) and isinstance(pid, int):
+            return f"{vid:04x}:{pid:04x}"
+    return _text(item) if not isinstance(item, (dict, list)) else "?"
 
 
 def operation_view(record: Mapping[str, Any]) -> OperationView:
     """The fields a console page shows of an operator view document, and nothing else."""
     metadata = _mapping(record.get("metadata"))
-    transport, window, adapter = _scope_facts(metadata)
+    transport, window, adapter = _columns(record)
     cleanup_state = _text(_mapping(metadata.get("cleanup")).get("state"))
-    route = "connector" if record.get("route") == "connector" else "Bus" if record.get("bus_op") else "host"
+    route = _ROUTES.get(_text(record.get("route")), "host")
     cancellation = _mapping(metadata.get("cancellation"))
     status = _text(record.get("status"))
     status_text, status_class = _status_text(status, cancellation)
     cancelable, cancelability = _cancelability(record)
+    if status_class == "cancelling":
+        cancelable, cancelability = False, "no: cancellation already requested"
     retry = record.get("retry_after_seconds")
     disclosed = metadata.get("disclosed_count")
     operation_id = _text(record.get("operation/id"))
@@ -396,7 +438,7 @@ def operation_view(record: Mapping[str, Any]) -> OperationView:
         cancelability=cancelability,
         cancellation=_cancellation_text(cancellation),
         cleanup=_cleanup_text(_mapping(metadata.get("cleanup"))),
-        outcome=_outcome_text(record, metadata),
+        outcome=_text(record.get("outcome")),
         disclosed_count=disclosed if isinstance(disclosed, int) and not isinstance(disclosed, bool) else None,
         correlation_id=_text(record.get("correlation/id")),
         action=_text(record.get("capability_id")),
@@ -429,6 +471,31 @@ def breakable(value: Any) -> Markup:
     return Markup(":<wbr>").join(escape(part) for part in str(value).split(":"))
 
 
+def relative_time(value: Any, now: datetime | None) -> Markup:
+    """A `<time>` reading `3 min ago` (or `in 5 min`) with the absolute time on hover; `-` for none."""
+    text = _text(value)
+    if not text or text == "-":
+        return Markup("-")
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return Markup(escape(text))
+    shown = text if now is None else _ago(int((now - moment).total_seconds()))
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(text, shown)
+
+
+def _ago(seconds: int) -> str:
+    """`12 s ago`, `3 min ago`, `2 h ago`, `4 d ago`; a future moment as `in ...`."""
+    span = abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if span >= size:
+            amount = f"{span // size} {unit}"
+            break
+    else:
+        amount = f"{span} s"
+    return f"{amount} ago" if seconds >= 0 else f"in {amount}"
+
+
 def _environment() -> Environment:
     """Jinja2 over the package's templates, autoescaping everything, failing on undefined names."""
     environment = Environment(
@@ -439,6 +506,7 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     environment.filters["breakable"] = breakable
+    environment.filters["relative"] = relative_time
     return environment
 
 
@@ -490,9 +558,11 @@ class _Console:
         clock: Callable[[], datetime],
         sessions: ConsoleSessions,
         operations: ConnectorOperations | None = None,
+        backends: Mapping[str, str] | None = None,
     ) -> None:
         self.host = host
         self.operations = operations
+        self.banner = backend_banner(backends or {})
         self.authenticate = authenticate
         self.clock = clock
         self.sessions = sessions
@@ -504,6 +574,8 @@ class _Console:
         """A page with the console's security headers."""
         context.setdefault("operator", None)
         context.setdefault("csrf_token", "")
+        context.setdefault("now", self.clock())
+        context.setdefault("banner", self.banner)
         context.setdefault("notice", None)
         context.setdefault("refresh_seconds", None)
         body = self.templates.get_template(f"console/{name}").render(**context)
@@ -612,20 +684,20 @@ class _Console:
         return self.problem(error.http_status, "Request failed", f"The host answered {error.code}.", ctx)
 
     async def list_page(self, request: Request, ctx: _Context) -> Response:
-        """GET the list with an optional status filter."""
+        """GET the list (newest first, a page at a time) with an optional status filter."""
         status = request.query_params.get("status") or None
+        after = request.query_params.get("after") or None
         if status is not None and status not in STATUSES:
             return self.problem(400, "Unknown status", "Choose one of the listed statuses.", ctx)
         try:
-            listing = await self.host.operator_list(ctx.session.token, status)
+            listing = await self.host.operator_list(ctx.session.token, status, after=after, limit=PAGE_SIZE)
         except SensoriumError as error:
             return self.refused(error, ctx)
-        rows = _mapping(listing.document).get("operations")
+        body = _mapping(listing.document)
+        rows = body.get("operations")
         operations = (
             [operation_view(r) for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
         )
-        operations += await self._connector_only({op.operation_id for op in operations}, status)
-        operations.sort(key=lambda op: (op.updated_at, op.operation_id), reverse=True)
         live = any(op.live for op in operations)
         return self.page(
             "list.html",
@@ -633,15 +705,9 @@ class _Console:
             operations=operations,
             statuses=STATUSES,
             selected_status=status or "",
+            older_href=_older_href(status, body.get("next_after")),
             refresh_seconds=LIST_REFRESH_SECONDS if live else None,
         )
-
-    async def _connector_only(self, known: set[str], status: str | None) -> list[OperationView]:
-        """The connector's own operations the host registry does not hold (connector routes)."""
-        if self.operations is None:
-            return []
-        views = [operation_view(connector_record(m)) for m in await self.operations.operations()]
-        return [v for v in views if v.operation_id not in known and status in (None, v.status)]
 
     async def adapters_page(self, ctx: _Context) -> Response:
         """GET `/admin/adapters`: each (transport, adapter) claim (operators only)."""
@@ -662,18 +728,10 @@ class _Console:
         try:
             detail = await self.host.operator_detail(ctx.session.token, op_id)
         except SensoriumError as error:
-            return await self._not_the_hosts(ctx, op_id, public_refusal(error))
+            return self.refused(error, ctx)
         body = _mapping(detail.document)
         view = operation_view(_mapping(body.get("operation")))
         return self._detail(ctx, view, history_views(body.get("history")))
-
-    async def _not_the_hosts(self, ctx: _Context, op_id: str, error: SensoriumError) -> Response:
-        """An id the host registry does not hold may be a connector-only operation; else the refusal."""
-        if error.http_status == 404 and self.operations is not None:
-            metadata = await self.operations.operation(op_id)
-            if metadata is not None:
-                return self._detail(ctx, operation_view(connector_record(metadata)), [])
-        return self.refused(error, ctx)
 
     def _detail(self, ctx: _Context, view: OperationView, history: list[HistoryView]) -> Response:
         refresh = DETAIL_REFRESH_SECONDS if view.live else None
@@ -693,6 +751,14 @@ class _Console:
                 return self.refused(answered, ctx)
         self.sessions.put_notice(ctx.cookie, _action_notice(action, answered))
         return _redirect(operation_href(op_id))
+
+
+def _older_href(status: str | None, cursor: Any) -> str | None:
+    """The link to the next (older) page, keeping the status filter."""
+    if not isinstance(cursor, str) or not cursor:
+        return None
+    query = f"after={quote(cursor, safe='')}"
+    return f"{LIST_PATH}?{'status=' + quote(status, safe='') + '&' if status else ''}{query}"
 
 
 def _action_notice(action: str, answered: Done | SensoriumError) -> str:
@@ -741,6 +807,17 @@ async def _form(request: Request) -> dict[str, str]:
     return {name: values[0] for name, values in fields.items() if values}
 
 
+def backend_banner(backends: Mapping[str, str]) -> str:
+    """What the banner says when transports are not real hardware (transport -> `simulated`/`replayed`)."""
+    parts = []
+    sources = (("simulated", "scripted through /v1/sim/..."), ("replayed", "played from a recording"))
+    for mode, source in sources:
+        named = sorted(t for t, m in backends.items() if m == mode)
+        if named:
+            parts.append(f"{', '.join(named)} {'is' if len(named) == 1 else 'are'} {mode} ({source})")
+    return "; ".join(parts) + ": these devices are not real hardware." if parts else ""
+
+
 def console_router(
     host: OperatorViews,
     *,
@@ -748,9 +825,11 @@ def console_router(
     clock: Callable[[], datetime] = wall_clock,
     sessions: ConsoleSessions | None = None,
     operations: ConnectorOperations | None = None,
+    backends: Mapping[str, str] | None = None,
 ) -> APIRouter:
-    """The HTML operator console under `/admin/`."""
-    console = _Console(host, authenticate, clock, sessions or ConsoleSessions(), operations)
+    """The HTML operator console under `/admin/`; `backends` names transports that are simulated or
+    replayed (a banner on every page says so)."""
+    console = _Console(host, authenticate, clock, sessions or ConsoleSessions(), operations, backends)
     router = APIRouter(include_in_schema=False)
     css = (_STATIC / "console.css").read_bytes()
 

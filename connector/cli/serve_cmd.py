@@ -26,6 +26,7 @@ from connector.cli.main import EXIT_OK, EXIT_USAGE, DefaultsHelp, usage_error
 from connector.cli.serve_flags import add_edge_arguments, check_trust, host_policy_from
 from connector.contract.transports import TRANSPORTS
 from connector.errors import CatalogError
+from connector.resources import example_catalog, example_trust
 from connector.service.operations import LiveConnectorOperations
 from connector.storage.files import make_private_dir
 from connector.telemetry.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
@@ -33,6 +34,10 @@ from providers.replay import FixtureError, load_fixture
 from providers.simulated import parse_simulate
 
 _log = logging.getLogger("sensorium.serve")
+PACKAGED_NOTE = (
+    "serve --simulate: using the packaged example catalog and its published test key "
+    "(a test mode: anyone can sign with that key; give --catalog and --trust to serve your own)"
+)
 
 
 class _Server(uvicorn.Server):
@@ -69,9 +74,17 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8787, help="TCP port (0 picks a free one)")
     parser.add_argument(
-        "--catalog", type=Path, default=Path("catalog/actions.json"), help="signed action catalog"
+        "--catalog",
+        type=Path,
+        default=None,
+        help="signed action catalog (default: catalog/actions.json; with --simulate: the packaged example)",
     )
-    parser.add_argument("--trust", type=Path, default=Path("catalog/trust"), help="trusted operator keys")
+    parser.add_argument(
+        "--trust",
+        type=Path,
+        default=None,
+        help="trusted operator keys (default: catalog/trust; --simulate without --catalog: the packaged key)",
+    )
     parser.add_argument(
         "--replay",
         action="append",
@@ -124,9 +137,12 @@ def parse_replays(values: list[str]) -> dict[str, Path]:
         if not sep or transport not in TRANSPORTS or not path:
             raise ValueError("--replay takes TRANSPORT=FILE with TRANSPORT one of ble, usb-serial, mdns")
         try:
-            load_fixture(path)  # the file and every line checked now, not at the first scan
+            fixture = load_fixture(path)  # the file and every line checked now, not at the first scan
         except FixtureError as error:
             raise ValueError(f"--replay {transport}={path}: {_fixture_reason(path, error)}") from None
+        if fixture.transport != transport:
+            recorded = fixture.transport
+            raise ValueError(f"--replay {transport}={path}: the fixture records {recorded}, not {transport}")
         replays[transport] = Path(path)
     return replays
 
@@ -152,10 +168,11 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
     both = sorted(set(replays) & set(simulate))
     if both:
         raise ValueError(f"--replay and --simulate both name {', '.join(both)}: choose one per transport")
+    catalog, trust = catalog_paths(args.catalog, args.trust, simulate)
     return ConnectorConfig(
         data_dir=args.data_dir,
-        catalog=args.catalog,
-        trust_dir=args.trust,
+        catalog=catalog,
+        trust_dir=trust,
         replay=replays,
         replay_speed=args.replay_speed,
         simulate=simulate,
@@ -165,6 +182,16 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
         nats_service=_nats_service(args.nats_service),
         host_policy=host_policy_from(getattr(args, "host_policy", None)),
     )
+
+
+def catalog_paths(catalog: Path | None, trust: Path | None, simulate: tuple[str, ...]) -> tuple[Path, Path]:
+    """The catalog and trust directory: as given, else `catalog/`; `--simulate` without `--catalog` serves
+    the packaged example with its packaged key and never reads `./catalog/` (CONTRACT §0)."""
+    if catalog is None and simulate:
+        if trust is not None:
+            raise ValueError("--trust needs --catalog: --simulate alone serves the packaged example catalog")
+        return example_catalog(), example_trust()
+    return catalog or Path("catalog/actions.json"), trust or Path("catalog/trust")
 
 
 def _mdns_interfaces(text: str) -> tuple[str, ...] | str:
@@ -193,6 +220,8 @@ def run(args: argparse.Namespace) -> int:
         config = config_from(args)
         edge = HttpEdge(allowed_hosts=allowed_host_names(args.allowed_host))
         check_trust(args, config)
+        if config.simulate and args.catalog is None:
+            _log.warning(PACKAGED_NOTE)  # a log line: one JSON object with --log-format json
         listener = listen(args.host, args.port)
     except CatalogError as error:
         return _catalog_refused(error)
@@ -263,8 +292,18 @@ def extra_routers(assembled: Assembled) -> list[Any]:
     )
     return [
         host_router(assembled.host),
-        console_router(assembled.host, authenticate=assembled.service.authenticate, operations=operations),
+        console_router(
+            assembled.host,
+            authenticate=assembled.service.authenticate,
+            operations=operations,
+            backends=backends_of(assembled.config),
+        ),
     ]
+
+
+def backends_of(config: ConnectorConfig) -> dict[str, str]:
+    """Transports that are not real hardware, for the console's banner."""
+    return {**{t: "replayed" for t in config.replay}, **{t: "simulated" for t in config.simulate}}
 
 
 def known_adapters(assembled: Assembled) -> dict[str, str]:

@@ -105,7 +105,7 @@ async def test_connector_route_scans_are_listed_filtered_and_shown_read_only(tmp
         assert op_id not in _plain((await client.get(LIST, params={"status": "completed"})).text)
         detail = await client.get(f"{LIST}/{op_id.replace(':', '%3A')}")
         assert detail.status_code == 200 and 'id="connector-only"' in detail.text
-        assert 'id="poll-now"' not in detail.text and 'id="cancel"' not in detail.text
+        assert 'id="poll-now"' not in detail.text and 'id="cancel"' in detail.text
         assert 'http-equiv="refresh" content="2"' in detail.text
         assert "Candidates delivered to the caller" in detail.text
         unknown = await client.get(f"{LIST}/deferred%3Asensorium.directive.invoke%3A" + "A" * 26)
@@ -161,3 +161,27 @@ async def test_the_adapters_page_needs_an_operator_session(tmp_path: Path) -> No
         client.cookies.clear()
         response = await client.get("/admin/adapters")
         assert response.status_code == 303 and response.headers["location"] == "/admin/sign-in"
+
+
+@pytest.mark.asyncio
+async def test_an_operator_cancels_a_connector_route_scan_from_the_console(tmp_path: Path) -> None:
+    async with harness(tmp_path) as (assembled, client, tokens):
+        op_id = await _admit(assembled, tokens, "ble", {"service_uuids": [HEART_RATE]})
+
+        async def running() -> bool:
+            return bool(assembled.discovery.metadata(op_id)["status"] == "running")
+
+        await _until(running)
+        path = f"{LIST}/{op_id.replace(':', '%3A')}"
+        detail = await client.get(path)
+        assert 'id="cancel"' in detail.text and 'id="cancel" disabled' not in detail.text
+        cancelled = await client.post(f"{path}/cancel", data={"csrf_token": csrf_of(detail.text)})
+        assert cancelled.status_code == 303
+
+        async def ended() -> bool:
+            return bool(assembled.discovery.metadata(op_id)["status"] == "cancelled")
+
+        await _until(ended)
+        after = await client.get(path)
+        assert "Cancel requested; the host answered" in after.text
+        assert "no: the operation has ended" in after.text and 'id="cancel" disabled' in after.text
