@@ -170,3 +170,21 @@ async def test_delete_operations_before(tmp_path: Path) -> None:
             young.operation_id,
             live.operation_id,
         ]
+
+
+@pytest.mark.asyncio
+async def test_an_erasure_blocked_by_a_reader_is_truncated_by_the_next_one(tmp_path: Path) -> None:
+    async with await ConnectorState.open(tmp_path) as state:
+        await state.insert_binding(_binding("b-1", "CANARY-ADDR-1"))
+        await state.insert_binding(_binding("b-2", "CANARY-ADDR-2"))
+        await state.checkpoint()
+        wal = state.path.with_name(state.path.name + "-wal")
+        with contextlib.closing(sqlite3.connect(state.path, isolation_level=None)) as reader:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM bindings").fetchall()  # an older snapshot, held
+            assert await state.delete_binding("b-1")  # answered although the truncation is blocked
+            assert wal.stat().st_size > 0 and await state.get_binding("b-1") is None
+            reader.execute("COMMIT")
+        assert await state.delete_binding("b-2")
+        assert wal.stat().st_size == 0
+        assert b"CANARY-ADDR" not in _files(tmp_path)
