@@ -82,7 +82,7 @@ async def test_listing_needs_a_token(tmp_path: Path) -> None:
 async def test_parallel_forgets_beside_readers_never_answer_500(tmp_path: Path) -> None:
     async with harness(tmp_path) as h:
         state = h.assembled.state
-        now = h.assembled.service.bindings._clock()
+        now = h.clock()
         ids = [f"binding-{i:02d}" for i in range(64)]
         for number, binding_id in enumerate(ids):
             address = f"02:00:5E:10:00:{number:02X}"
