@@ -149,6 +149,25 @@ async def test_too_many_operations_refuses_before_the_provider(tmp_path: Path) -
 
 
 @pytest.mark.asyncio
+async def test_a_causal_context_over_4_kib_is_refused_naming_the_path(tmp_path: Path) -> None:
+    factory = RecordingFactory(straps(1), concurrent=True)
+    context = {"operation/id": "op:flow-1", "note": CANARY * 500}
+    directive = scan_directive(1, extra={"causal/context": context})
+    async with harness(tmp_path, factory=factory) as h:
+        refused = await h.invoke("alice", directive)
+        body = assert_error(refused, 422, "invalid-directive")
+        assert body["diagnostics"] == [
+            {"code": "invalid-directive", "message": "/causal~1context: causal-context-size"}
+        ]
+        assert CANARY not in refused.text and factory.requests == []
+        with pytest.raises(SensoriumError) as by_host:
+            await h.assembled.host.admit(h.tokens["alice"], directive)
+        assert by_host.value.code == "invalid-directive"
+        context["note"] = "n" * (4096 - len('{"note":"","operation/id":"op:flow-1"}'))  # exactly 4 KiB
+        assert (await h.invoke("alice", directive)).status_code == 202
+
+
+@pytest.mark.asyncio
 async def test_live_sessions_are_capped_per_transport_across_principals_and_routes(tmp_path: Path) -> None:
     factory = RecordingFactory(straps(1), concurrent=True)
     async with harness(tmp_path, factory=factory) as h:
