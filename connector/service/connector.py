@@ -383,6 +383,9 @@ class ConnectorService:
         if not self.runtimes[ref.kind].bindable:
             raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
         if self.discovery.find(op_id) is None:
+            recorded = await self.bindings.recorded(principal, op_id, candidate_ref, key)
+            if recorded is not None:
+                return recorded  # SPEC 6.8: a keyed retry answers the same binding, after a restart too
             refuse_erased(Status((await self._current_status(ref))["status"]))
         return await self.bindings.bind(principal, op_id, candidate_ref, key)
 

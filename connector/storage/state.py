@@ -3,6 +3,8 @@
 Rules of this file:
 - only bindings (SPEC 6.6: id, owner, transport, address, bound_at - no candidate ref, no label), command
   operations and discovery operation records are stored; discovery candidates never reach this database;
+  a binding's keyed retries find it by a keyed digest (`connector.core.ids.bind_replay_digest`, which says
+  why that is no candidate data), erased with the binding;
 - a discovery record is the durable metadata of SPEC 7 (`connector.core.projections.durable_metadata`),
   the caller's `causal/context`, the final revision number and the first answer (the deferred handle);
   never a candidate, a fingerprint of the directive, or anything derived from candidate content;
@@ -17,6 +19,7 @@ from __future__ import annotations
 
 import json
 import logging
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -77,7 +80,19 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX discovery_operations_status ON discovery_operations (status);
     CREATE INDEX discovery_operations_ended ON discovery_operations (ended_at_ms);
     """,
+    """
+    CREATE TABLE binding_replays (
+        replay_digest TEXT PRIMARY KEY,
+        binding_id    TEXT NOT NULL REFERENCES bindings (binding_id) ON DELETE CASCADE
+    ) WITHOUT ROWID;
+    CREATE INDEX binding_replays_binding ON binding_replays (binding_id);
+    CREATE TABLE state_secrets (
+        name   TEXT PRIMARY KEY,
+        secret BLOB NOT NULL
+    ) WITHOUT ROWID;
+    """,
 )
+_REPLAY_SECRET = "bind-replay"
 
 Mode = Literal["sync", "async"]
 
@@ -187,8 +202,9 @@ class ConnectorState(SqliteStore):
 
     # -- bindings -------------------------------------------------------------------------------------
 
-    async def insert_binding(self, binding: Binding) -> None:
-        """Store a new binding; `internal` if the id already exists (ids are random)."""
+    async def insert_binding(self, binding: Binding, replay_digest: str | None = None) -> None:
+        """Store a new binding, with the digest its keyed retries find it by (one commit); `internal` if
+        the id (random) or the digest is already taken."""
         sql = "INSERT INTO bindings (binding_id, owner, transport, address, bound_at) VALUES (?, ?, ?, ?, ?)"
         params = (
             binding.binding_id,
@@ -197,10 +213,43 @@ class ConnectorState(SqliteStore):
             binding.address,
             format_time(binding.bound_at),
         )
-        try:
-            await self._write(sql, params)
-        except aiosqlite.IntegrityError as error:
-            raise SensoriumError("binding id already exists", code="internal") from error
+        replay = "INSERT INTO binding_replays (replay_digest, binding_id) VALUES (?, ?)"
+        async with self._lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                await self._db.execute(sql, params)
+                if replay_digest is not None:
+                    await self._db.execute(replay, (replay_digest, binding.binding_id))
+                await self._db.execute("COMMIT")
+            except aiosqlite.IntegrityError as error:
+                await self._db.execute("ROLLBACK")
+                raise SensoriumError("binding id already exists", code="internal") from error
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+
+    async def replayed_binding(self, replay_digest: str) -> Binding | None:
+        """The binding a keyed bind stored under this digest, while it exists."""
+        sql = (
+            "SELECT b.binding_id, b.owner, b.transport, b.address, b.bound_at FROM binding_replays r "
+            "JOIN bindings b USING (binding_id) WHERE r.replay_digest = ?"
+        )
+        row = await self._first(sql, (replay_digest,))
+        return None if row is None else Binding(row[0], row[1], row[2], row[3], parse_time(row[4]))
+
+    async def replay_secret(self) -> bytes:
+        """The random secret that keys bind replay digests (created once, kept with the state)."""
+        sql = "SELECT secret FROM state_secrets WHERE name = ?"
+        async with self._lock:
+            row = await self._first(sql, (_REPLAY_SECRET,))
+            if row is None:
+                fresh = secrets.token_bytes(32)
+                insert = "INSERT INTO state_secrets (name, secret) VALUES (?, ?)"
+                cursor = await self._db.execute(insert, (_REPLAY_SECRET, fresh))
+                await cursor.close()
+                return fresh
+        secret: bytes = row[0]
+        return secret
 
     async def get_binding(self, binding_id: str) -> Binding | None:
         """The binding with this id, or None."""

@@ -169,6 +169,34 @@ async def test_the_bindings_table_holds_no_ref_or_label(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_keyed_retry_after_a_restart_answers_the_same_binding(tmp_path: Path) -> None:
+    async with harness(tmp_path, factory=RecordingFactory(straps(2), concurrent=True)) as h:
+        location, candidates = await _completed(h)
+        ref, other_ref = candidates[0]["candidate/ref"], candidates[1]["candidate/ref"]
+        first = await _bind(h, location, ref, "bind-1")
+        assert first.status_code == 201
+        tokens = h.tokens
+    # The restart loses every in-memory book (a kill -9 loses them the same way); the binding row stays.
+    async with harness(tmp_path, factory=RecordingFactory(), tokens=tokens) as h:
+        retry = await _bind(h, location, ref, "bind-1")
+        assert retry.status_code == 201, retry.text
+        assert_valid("sensorium-device-binding.v1", retry.json())
+        same = ("binding/id", "operation/id", "candidate/ref", "transport", "bound_at", "address")
+        assert {k: retry.json()[k] for k in same} == {k: first.json()[k] for k in same}
+        # Another key, another candidate or another principal finds nothing: the candidates are gone.
+        assert_error(await _bind(h, location, ref, "bind-2"), 404, "unknown-candidate")
+        assert_error(await _bind(h, location, other_ref, "bind-1"), 404, "unknown-candidate")
+        assert_error(await _bind(h, location, ref, "bind-1", who="bob"), 404, "unknown-operation")
+        assert len((await h.get("alice", "/v1/bindings")).json()["bindings"]) == 1
+        # Forgotten, the binding takes its retry digest with it.
+        gone = await h.client.delete(f"/v1/bindings/{first.json()['binding/id']}", headers=h.auth("alice"))
+        assert gone.status_code == 204
+        assert query(h.data_dir, "SELECT * FROM binding_replays") == []
+        assert_error(await _bind(h, location, ref, "bind-1"), 404, "unknown-candidate")
+        assert first.json()["address"].encode() not in files_bytes(h.data_dir)
+
+
+@pytest.mark.asyncio
 async def test_command_operations_have_nothing_to_bind_or_select(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory()) as h:
         location = (await h.invoke("alice", command_directive(REDACT, "async", {"text": "x"}))).headers[

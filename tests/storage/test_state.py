@@ -52,7 +52,7 @@ async def test_pragmas_and_location(tmp_path: Path) -> None:
         assert str(await state.pragma("journal_mode")).lower() == "wal"
         assert await state.pragma("secure_delete") == 1
         assert await state.pragma("synchronous") == 2  # FULL
-        assert await state.pragma("user_version") == 2  # bindings + commands, then discovery records
+        assert await state.pragma("user_version") == 3  # bindings + commands, discovery records, bind replays
         assert stat.S_IMODE(state.path.stat().st_mode) == 0o600
         with pytest.raises(SensoriumError):
             await state.pragma("user_version; DROP TABLE bindings")
@@ -64,7 +64,7 @@ async def test_reopen_keeps_rows_and_does_not_remigrate(tmp_path: Path) -> None:
         await state.insert_binding(_binding())
     async with await ConnectorState.open(tmp_path) as state:
         assert await state.get_binding("b-1") == _binding()
-        assert await state.pragma("user_version") == 2
+        assert await state.pragma("user_version") == 3
 
 
 @pytest.mark.asyncio
