@@ -207,7 +207,7 @@ async def test_every_integer_has_its_bounds_and_free_members_take_strict_json_on
     component = f"{DOC}#/components/schemas/"
     directive = wire_validator({"$ref": component + "sensorium-directive.v1"}, registry=registry)
     base = {"schema": "sensorium-directive.v1", "action_id": "a.b", "timing": {"mode": "async"}}
-    accepted = {**base, "input": {"a": [5, {"b": -(2**53 - 1)}]}, "extensions": {"n": {"m": [[1]]}}}
+    accepted = {**base, "input": {"a": [5, {"b": -(2**53 - 1)}]}, "extensions": {"n": {"m": [1, {"x": [2]}]}}}
     assert list(directive.iter_errors(accepted)) == []
     for refused in (
         {**base, "input": {"a": 1.5}},
