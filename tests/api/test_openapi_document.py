@@ -206,18 +206,21 @@ async def test_every_integer_has_its_bounds_and_free_members_take_strict_json_on
     registry: Registry[Any] = Registry().with_resource(DOC, DRAFT202012.create_resource(document))
     component = f"{DOC}#/components/schemas/"
     directive = wire_validator({"$ref": component + "sensorium-directive.v1"}, registry=registry)
-    base = {"schema": "sensorium-directive.v1", "action_id": "a.b", "timing": {"mode": "async"}}
-    accepted = {**base, "input": {"a": [5, {"b": -(2**53 - 1)}]}, "extensions": {"n": {"m": [1, {"x": [2]}]}}}
+    base: dict[str, Any] = {"schema": "sensorium-directive.v1", "action_id": "a.b"}
+    base["timing"] = {"mode": "async"}
+    accepted: dict[str, Any] = {**base, "input": {"a": [5, {"b": -(2**53 - 1)}]}}
+    accepted["extensions"] = {"n": {"m": [1, {"x": [2]}]}}
     assert list(directive.iter_errors(accepted)) == []
-    for refused in (
+    refusals: list[dict[str, Any]] = [
         {**base, "input": {"a": 1.5}},
         {**base, "input": {"a": [{"b": 2**53}]}},
         {**base, "input": {}, "causal/context": {"operation/id": "x", "n": {"deep": 0.25}}},
         {**base, "input": {}, "extensions": {"n": -6.6e16}},
-    ):
+    ]
+    for refused in refusals:
         assert list(directive.iter_errors(refused)), refused
     result = wire_validator({"$ref": component + "deferred-operation-status.v1"}, registry=registry)
-    status = {"schema": "deferred-operation-status.v1", "schema/v": 1, "status": "completed"}
+    status: dict[str, Any] = {"schema": "deferred-operation-status.v1", "schema/v": 1, "status": "completed"}
     status["diagnostics"] = []
     status |= {"operation/id": "deferred:sensorium.directive.invoke:" + "A" * 26, "operation/kind": KIND}
     assert list(result.iter_errors({**status, "result": {"json": [1, "x"]}})) == []
