@@ -2,6 +2,9 @@
 
 Rules of this file:
 - the registry row is committed before a 202 leaves; an idempotent repeat answers the first handle;
+- an operation already over when the host first looks (a window cut to zero, a command that ended during
+  admission) is recorded `pending`, as its handle says, and concluded by the poll's own path: its history
+  holds both, nothing stays due, and the terminal listeners (op.done, continuation) fire once;
 - every read, poll and cancel by a caller re-checks the principal, its ownership of the row and its current
   grant; anything else is `unknown-operation`, exactly like an id nobody ever saw;
 - what is recorded is durable metadata (SPEC 7) only; the caller-private status is fetched live, shaped
