@@ -180,6 +180,7 @@ async def assemble(
             commands=commands,
             state=state,
             providers=providers or provider_factory(config, simulation),
+            policy=config.host_policy,
             clock=clock,
         )
         _register_session_gauge(metrics, discovery)

@@ -19,12 +19,17 @@ from connector.contract.schemas import schema_files
 from connector.errors import HTTP_STATUS_BY_CODE
 
 COMPONENTS = "#/components/schemas/"
+MAX_SAFE_INTEGER = 2**53 - 1
+STRICT_VALUE_DEPTH = 1  # arrays inline, one deep (see `strict_value`)
+JSON_OBJECT = "strict-json-object"
 SECURITY_SCHEME = "bearerAuth"
 ERROR_SCHEMA = "sensorium-error.v1"
 _DOC_SUFFIX = ".schema.json"
 _DEFS_SUFFIX = ".json"
 _DECLARED = "x-sensorium-declared"
 _SCHEMA_MAPS = frozenset({"properties", "patternProperties"})
+# Subschemas that decide when a rule applies, or forbid a member: their meaning would change if tightened.
+_CONDITIONALS = frozenset({"if", "then", "else", "not"})
 _REASON = {
     200: "OK",
     201: "Created",
@@ -128,6 +133,59 @@ def _component_ref(ref: str, base: str) -> str:
     if not fragment.startswith(prefix) or "/" in name:
         raise ValueError("a schema reference that is not a whole definition")  # none in schemas/ today
     return f"{COMPONENTS}{owner}.{name}"
+
+
+# ---- the numbers of SPEC 1, stated where JSON Schema can state them ----------------------------------
+
+
+def strict_value(depth: int = STRICT_VALUE_DEPTH) -> dict[str, Any]:
+    """Any JSON value a caller may send (SPEC 1), its numbers integers within +-(2^53 - 1).
+
+    Objects go through the recursive `strict-json-object` model (generators take a `$ref` to a model, never
+    to a union); arrays are inline, `depth` deep. An array right inside that many arrays is left out: the
+    document is then narrower than the server (which takes it), never wider - a wider `{}` there let
+    schemathesis send a fraction the server rightly refuses, and every level more multiplies its cases.
+    """
+    scalars: list[dict[str, Any]] = [{"type": "null"}, {"type": "boolean"}, {"type": "string"}]
+    branches = [*scalars, dict(_SAFE_INTEGER), _ref(JSON_OBJECT)]
+    if depth > 0:
+        branches.insert(4, {"type": "array", "items": strict_value(depth - 1)})
+    return {"description": _STRICT_VALUE_TEXT, "anyOf": branches}
+
+
+def _strict_object() -> dict[str, Any]:
+    """The `strict-json-object` model: a JSON object of strict values (recursive through itself)."""
+    return {"type": "object", "description": _STRICT_VALUE_TEXT, "additionalProperties": strict_value()}
+
+
+_STRICT_VALUE_TEXT = (
+    "any JSON value whose numbers are integers within +-(2^53 - 1), at any depth (CONTRACT §1; an integral "
+    "spelling such as 5.0 or 5e3 is that integer); strings hold no lone surrogate, objects no duplicate "
+    "key, nesting at most 64"
+)
+_SAFE_INTEGER = {"type": "integer", "minimum": -MAX_SAFE_INTEGER, "maximum": MAX_SAFE_INTEGER}
+
+
+def strict_numbers(node: Any) -> Any:
+    """`node` with SPEC 1's number rule spelt out: every integer bounded, every open member's values (and
+    every any-value member) a strict JSON value. Conditionals are left as they are (see `_CONDITIONALS`)."""
+    if isinstance(node, list):
+        return [strict_numbers(item) for item in node]
+    if not isinstance(node, Mapping):
+        return node
+    result = {
+        key: value if key in _CONDITIONALS else strict_numbers(value) for key, value in node.items()
+    }
+    for key in _SCHEMA_MAPS & result.keys():
+        result[key] = {name: sub or strict_value() for name, sub in result[key].items()}
+    kinds = result.get("type")
+    kinds = kinds if isinstance(kinds, list) else [kinds]
+    if "integer" in kinds:
+        result.setdefault("minimum", -MAX_SAFE_INTEGER)
+        result.setdefault("maximum", MAX_SAFE_INTEGER)
+    if "object" in kinds and not {"additionalProperties", "patternProperties"} & result.keys():
+        result["additionalProperties"] = strict_value()
+    return result
 
 
 # ---- documents of this API that no wire schema names (SPEC 9) -----------------------------------------
@@ -417,10 +475,22 @@ def _ok_response(ok: Ok) -> dict[str, Any]:
     return response
 
 
+# Refusals a request valid against this document can still meet: rules no JSON Schema states (SPEC 2, 6.1).
+_SEMANTIC_NOTES: Mapping[str, str] = {
+    "invalid-directive": "invalid-directive also for rules beyond the schema (CONTRACT §1: causal/context "
+    "above 4096 bytes of canonical JSON; a number that is not an integer within +-(2^53 - 1))",
+    "invalid-input": "invalid-input when the input breaks the action's own rules (CONTRACT §2 step 6; "
+    "discovery: CONTRACT §6.1 - transport, window, limits, filters, a window longer than timeout_ms), "
+    "which the open `input` object of the schema does not state",
+}
+
+
 def _refusal(status: int, codes: Sequence[str]) -> dict[str, Any]:
     schema = {**_ref(ERROR_SCHEMA), "properties": {"code": {"enum": sorted(codes)}}}
+    notes = "".join(f"; {_SEMANTIC_NOTES[code]}" for code in sorted(codes) if code in _SEMANTIC_NOTES)
+    names = " | ".join(sorted(codes))
     response: dict[str, Any] = {
-        "description": f"{_REASON[status]}: sensorium-error.v1 with code " + " | ".join(sorted(codes)),
+        "description": f"{_REASON[status]}: sensorium-error.v1 with code {names}{notes}",
         "content": {"application/json": {"schema": schema}},
     }
     if RETRY_AFTER_CODES & set(codes):
@@ -473,7 +543,9 @@ def build_document(app: FastAPI) -> dict[str, Any]:
         for operation in methods.values():
             _settle(operation)
     components = document.setdefault("components", {})
-    components["schemas"] = {**canonical_components(), **API_COMPONENTS}
+    schemas = {**canonical_components(), **API_COMPONENTS}
+    components["schemas"] = {**strict_numbers(schemas), JSON_OBJECT: _strict_object()}
+    document["paths"] = strict_numbers(document.get("paths", {}))
     components["securitySchemes"] = {
         SECURITY_SCHEME: {"type": "http", "scheme": "bearer", "description": "a principal's token (SPEC 8)"}
     }

@@ -38,6 +38,8 @@ STATUSES = NON_TERMINAL_STATUSES | TERMINAL_STATUSES
 _WITHOUT_ERROR = frozenset({"pending", "running", "completed", "cancelled"})
 _PARTIAL_BY_REASON = {"window-complete": False, "limit-reached": True, "deadline-reached": True}
 _CANCEL_REASON = "cancel/unavailable-reason"
+# SPEC 1: `causal/context` is echoed on every status and stored, so its canonical JSON is bounded.
+MAX_CAUSAL_CONTEXT_BYTES = 4096
 _PROFILE_BY_CLASS = {"discovery": "discovery", "command": "command"}
 
 
@@ -293,6 +295,16 @@ def _candidate_times(doc: Document) -> Iterator[Violation]:
 _CANDIDATE_RULES: tuple[Check, ...] = (_detail_matches_transport, _candidate_times)
 
 
+# --- directives ----------------------------------------------------------------------------------------
+
+
+def _causal_context_size(doc: Document) -> Iterator[Violation]:
+    context = _dict(doc.get("causal/context"))
+    encoded = None if context is None else _canonical(context)
+    if encoded is not None and len(encoded) > MAX_CAUSAL_CONTEXT_BYTES:
+        yield Violation(pointer("causal/context"), "causal-context-size")
+
+
 # --- receipts and the action catalog -------------------------------------------------------------------
 
 
@@ -391,6 +403,7 @@ def _against_previous(
 
 
 _RULES: Mapping[str, tuple[Check, ...]] = {
+    "sensorium-directive.v1": (_causal_context_size,),
     "sensorium-directive-result.v1": (_directive_result,),
     "sensorium-connector-deferred.v1": (_one_cancel_surface("cancel_path"),),
     "deferred-operation.v1": (_one_cancel_surface("cancel_href"), _operation_id_kind),
@@ -437,6 +450,7 @@ SEMANTIC_RULES = frozenset(
         "detail-matches-transport",
         "candidate-times-ordered",
         "receipt-causal-operation-id",
+        "causal-context-size",
         "unique-action-ids",
         "profile-matches-class",
         "expires-after-issued",

@@ -4,9 +4,11 @@ Rules of this file:
 - not strict JSON is `invalid-json` (400): bytes that are not UTF-8 or not JSON, `NaN`, `Infinity`,
   `-Infinity`, a string holding a lone surrogate (as a key or a value), an object with a duplicate key,
   nesting deeper than `MAX_DEPTH`;
-- strict JSON holding a number that is not an integer within +-(2^53 - 1) (any fraction or exponent,
-  `1e400` included) is refused with 422: `invalid-input` when the number sits in a directive's `input` or
-  in a request that is not a directive, `invalid-directive` elsewhere in a directive;
+- a number with a zero fraction or an exponent that is an integer (`510511.0`, `5e3`, `-0.0`) is that
+  integer, as JSON Schema 2020-12 and RFC 8785 read it;
+- strict JSON holding a number that is not an integer within +-(2^53 - 1) (a fraction, `1e400`) is
+  refused with 422: `invalid-input` when the number sits in a directive's `input` or in a request that is
+  not a directive, `invalid-directive` elsewhere in a directive;
 - the parser itself refuses: the hooks of the standard library decoder see every constant, number, string
   and object as it is read, so no value that cannot be encoded again ever reaches admission;
 - refusals name a path of known keys and a rule, never a value or a caller-chosen key.
@@ -17,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Sequence
+from decimal import Decimal
 from json import scanner
 from typing import Any, Final
 
@@ -99,7 +102,17 @@ class _StrictDecoder(json.JSONDecoder):
         self.refused += 1
         return _REFUSED
 
-    def _float(self, _: str) -> Any:
+    def _float(self, text: str) -> Any:
+        # A zero fraction or an exponent may spell an integer (`5.0`, `5e3`): JSON Schema 2020-12 and
+        # RFC 8785 read it as that integer. Decimal reads the text exactly; `adjusted()` bounds the
+        # magnitude before any conversion, so `1e999999999` costs nothing.
+        number = Decimal(text)
+        if number.is_zero():
+            return 0
+        if number.adjusted() < _SAFE_DIGITS and number == number.to_integral_value():
+            value = int(number)
+            if -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
+                return value
         self.refused += 1
         return _REFUSED
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import re
 
 from connector.contract.canonical import canonical_bytes
@@ -59,3 +60,19 @@ def _format(kind: str, raw: bytes) -> str:
 def _b32(raw: bytes) -> str:
     return base64.b32encode(raw).rstrip(b"=").decode("ascii")
 
+
+
+def bind_replay_digest(
+    key: bytes, *, principal_id: str, operation_id: str, idempotency_key: str, candidate_ref: str
+) -> str:
+    """The keyed digest that lets a bind retry find its binding after a restart (SPEC 6.8).
+
+    SPEC 6.6 keeps candidate refs out of storage. This digest is allowed there because nothing in it comes
+    from a device: the ref is 128 random bits minted for one session (SPEC 4), the operation id and the
+    idempotency key are the caller's, and `key` is a random secret of the connector's state. Without that
+    secret nobody can match the digest against a ref seen elsewhere; with it, it tells only which of this
+    caller's binds made the binding, whose row already holds far more (the address). No ref can be recovered
+    from it, and it links no two sessions (every session mints new refs).
+    """
+    message = canonical_bytes([principal_id, operation_id, idempotency_key, candidate_ref])
+    return hmac.new(key, message, hashlib.sha256).hexdigest()

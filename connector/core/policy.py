@@ -31,6 +31,7 @@ _INT_MINIMUMS: Mapping[str, int] = {
     "max_attempts": 1,
     "max_response_bytes": 1,
     "max_operations_per_principal": 1,
+    "max_live_sessions": 1,
 }
 
 
@@ -44,6 +45,8 @@ class DeferredHostPolicy:
     max_attempts: int = 1000
     max_response_bytes: int = 262144
     max_operations_per_principal: int = 16
+    # All principals together, per transport: each real BLE session is a worker process (SPEC 3).
+    max_live_sessions: int = 64
     jitter_fraction: float = 0.10
 
     def __post_init__(self) -> None:
@@ -95,6 +98,10 @@ class DeferredHostPolicy:
     def admits_another_operation(self, active_operations: int) -> bool:
         """True when a principal with this many live operations may start one more."""
         return active_operations < self.max_operations_per_principal
+
+    def admits_another_session(self, live_sessions: int) -> bool:
+        """True when a transport with this many live scan sessions (every principal's) may start one more."""
+        return live_sessions < self.max_live_sessions
 
 
 # SPEC 6.7: the qualified stop proof takes at most 1 s beyond cleanup_timeout_ms.

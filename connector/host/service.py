@@ -2,6 +2,9 @@
 
 Rules of this file:
 - the registry row is committed before a 202 leaves; an idempotent repeat answers the first handle;
+- an operation already over when the host first looks (a window cut to zero, a command that ended during
+  admission) is recorded `pending`, as its handle says, and concluded by the poll's own path: its history
+  holds both, nothing stays due, and the terminal listeners (op.done, continuation) fire once;
 - every read, poll and cancel by a caller re-checks the principal, its ownership of the row and its current
   grant; anything else is `unknown-operation`, exactly like an id nobody ever saw;
 - what is recorded is durable metadata (SPEC 7) only; the caller-private status is fetched live, shaped
@@ -130,7 +133,7 @@ class HostService:
         existing = await self.registry.get(op_id)
         if existing is not None:
             return _accepted_handle(existing)
-        record = await self._new_record(principal, directive, connector_handle, bus_op)
+        record, observed = await self._new_record(principal, directive, connector_handle, bus_op)
         try:
             inserted = await self.registry.record_accepted(record)
         except Exception:
@@ -142,6 +145,9 @@ class HostService:
             return _accepted_handle(known if known is not None else record)
         if self.on_admitted is not None:
             self.on_admitted()
+        if observed is not None and observed.status != record.status:
+            # It ended during admission (SPEC 11): concluded exactly as a poll that sees the end.
+            await self._settle_observation(record, observed, self.clock(), attempts=None)
         return _accepted_handle(record)
 
     async def _new_record(
@@ -150,7 +156,9 @@ class HostService:
         directive: Mapping[str, Any],
         connector_handle: Mapping[str, Any],
         bus_op: str | None,
-    ) -> OperationRecord:
+    ) -> tuple[OperationRecord, Observed | None]:
+        """The accepted row at the first status seen, unless that one is terminal: then at `pending` (what
+        the handle says), and the observation goes through the poll's conclusion (`_settle_observation`)."""
         now = self.clock()
         op_id = connector_handle["connector_operation/id"]
         action = self._action(connector_handle["action_id"])
@@ -170,15 +178,17 @@ class HostService:
             owner_module_id=self.owner_module_id,
         )
         observed = await self.port.observe(op_id, action.kind)
-        metadata = dict(observed.metadata) if observed else {"operation/id": op_id, "status": "pending"}
+        metadata: dict[str, Any] = {"operation/id": op_id, "status": Status.PENDING.value}
+        if observed is not None and not is_terminal(Status(observed.status)):
+            metadata = dict(observed.metadata)
         diagnostics = handle["diagnostics"]
-        return OperationRecord(
+        record = OperationRecord(
             operation_id=op_id,
             operation_kind=OPERATION_KIND,
             owner_module_id=self.owner_module_id,
             capability_id=action.action_id,
             owner=principal.principal_id,
-            status=Status(metadata.get("status", "pending")).value,
+            status=Status(metadata.get("status", Status.PENDING.value)).value,
             retry_after_seconds=retry,
             next_poll_at=min(now + timedelta(seconds=retry), expires_at),
             expires_at=expires_at,
@@ -196,6 +206,7 @@ class HostService:
             causal_context=directive.get("causal/context"),
             handle=handle,
         )
+        return record, observed
 
     def _action(self, action_id: str) -> ActionInfo:
         action = self.port.action(action_id)
@@ -278,17 +289,24 @@ class HostService:
         self.metrics.polls.inc()
         try:
             observed = await self.port.observe(record.operation_id, kind_of(record))
-            return await self._after_poll(record, observed, now, attempts)
-        except IllegalTransition:
-            current = await self.registry.get(record.operation_id)  # another poller concluded it first
-            return current if current is not None else record
+            return await self._settle_observation(record, observed, now, attempts=attempts)
         except Exception as error:  # one failing poll must not stop the others; type name only
             self.metrics.errors.inc()
             _log.error("host poll failed with %s", type(error).__name__)
             return await self._reschedule_after_error(record, now, attempts)
 
+    async def _settle_observation(
+        self, record: OperationRecord, observed: Observed | None, now: datetime, *, attempts: int | None
+    ) -> OperationRecord:
+        """What the connector reports, recorded once: a poll's, or the first one at admission."""
+        try:
+            return await self._after_poll(record, observed, now, attempts)
+        except IllegalTransition:
+            current = await self.registry.get(record.operation_id)  # another poller concluded it first
+            return current if current is not None else record
+
     async def _after_poll(
-        self, record: OperationRecord, observed: Observed | None, now: datetime, attempts: int
+        self, record: OperationRecord, observed: Observed | None, now: datetime, attempts: int | None
     ) -> OperationRecord:
         if observed is None:
             return await self._conclude(record, Status.UNKNOWN, None, now, attempts=attempts)
@@ -297,7 +315,8 @@ class HostService:
             if document is not None and not self.policy.response_fits(len(canonical_bytes(dict(document)))):
                 return await self._conclude(record, Status.FAILED, RESPONSE_TOO_LARGE, now, attempts=attempts)
             return await self._record(record, observed, now, None, attempts=attempts)
-        if now >= record.expires_at or self.policy.attempts_exhausted(attempts):
+        polls = record.attempts if attempts is None else attempts
+        if now >= record.expires_at or self.policy.attempts_exhausted(polls):
             return await self._expire(record, observed.metadata, now, attempts=attempts)
         retry = self._retry(record, observed.retry_hint)
         return await self._record(record, observed, now, retry, attempts=attempts)

@@ -4,7 +4,8 @@ Rules of this file:
 - a selection and a bind answer live in memory only; the durable binding row (`ConnectorState`) is the only
   place an address is stored, and a forgotten binding takes its in-memory answer with it;
 - a candidate is bound at most once, decided before any await, so concurrent binds see it at once;
-- a bind idempotency key answers its first binding again (for the same candidate, while the binding exists);
+- a bind idempotency key answers its first binding again (for the same candidate, while the binding exists),
+  also once the session left memory: the binding row is found by a keyed digest of the retry;
 - when the runtime lets a session go (or its owner loses the grant), its books go with it.
 """
 
@@ -20,7 +21,7 @@ import anyio
 
 from connector.core import authority
 from connector.core.clock import to_ms
-from connector.core.ids import opaque_id
+from connector.core.ids import bind_replay_digest, opaque_id
 from connector.core.lifecycle import Status, is_terminal
 from connector.errors import AdmissionError, SensoriumError
 from connector.runtime.manager import DiscoveryManager
@@ -67,6 +68,7 @@ class Bindings:
         self._selections: dict[str, set[str]] = {}
         self._books: dict[str, _Book] = {}
         self._bound_keys: dict[str, tuple[str, str]] = {}
+        self._secret: bytes | None = None
 
     def select(self, op_id: str, body: Any) -> Done:
         """Remember a candidate of a running snapshot."""
@@ -79,6 +81,7 @@ class Bindings:
 
     async def bind(self, principal: authority.Principal, op_id: str, candidate_ref: str, key: str) -> Created:
         """Consume a candidate of a session the runtime holds, exactly once, and reveal its address."""
+        digest = await self._replay_digest(principal, op_id, candidate_ref, key)  # before the book's checks
         book = self._books.setdefault(op_id, _Book())
         while (pending := book.pending.get(key)) is not None:
             await pending.wait()
@@ -92,7 +95,7 @@ class Bindings:
         book.pending[key] = stored
         binding = Binding(opaque_id(self._entropy(16)), principal.principal_id, target[0], target[1], now)
         try:
-            await self._state.insert_binding(binding)
+            await self._state.insert_binding(binding, digest)
             answer = Created(_binding_document(binding, op_id, candidate_ref, document))
             book.by_key[key] = _Bound(candidate_ref, binding.binding_id, answer)
             self._bound_keys[binding.binding_id] = (op_id, key)
@@ -120,6 +123,32 @@ class Bindings:
         if candidate_ref in book.consumed:
             raise SensoriumError("the candidate was already bound", code="candidate-consumed")
         return document, target
+
+    async def recorded(
+        self, principal: authority.Principal, op_id: str, candidate_ref: str, key: str
+    ) -> Created | None:
+        """A keyed retry of a bind whose session is gone (a restart, retention): its stored binding again.
+
+        Only what the binding row keeps is answered (no label or details: those were candidate data).
+        """
+        digest = await self._replay_digest(principal, op_id, candidate_ref, key)
+        binding = await self._state.replayed_binding(digest)
+        if binding is None or binding.owner != principal.principal_id:
+            return None
+        return Created(_binding_document(binding, op_id, candidate_ref, {}))
+
+    async def _replay_digest(
+        self, principal: authority.Principal, op_id: str, candidate_ref: str, key: str
+    ) -> str:
+        if self._secret is None:
+            self._secret = await self._state.replay_secret()
+        return bind_replay_digest(
+            self._secret,
+            principal_id=principal.principal_id,
+            operation_id=op_id,
+            idempotency_key=key,
+            candidate_ref=candidate_ref,
+        )
 
     async def _replay(self, earlier: _Bound, candidate_ref: str) -> Created:
         """The first answer again, unless the key was used for another candidate or the binding is gone."""

@@ -98,6 +98,8 @@ class ConnectorService:
         # reserving are one synchronous step, so concurrent admissions can never overrun the limit.
         self._live_owner: dict[str, str] = {}
         self._live_count: Counter[str] = Counter()
+        self._live_transport: dict[str, str] = {}
+        self._live_sessions: Counter[str] = Counter()
         self._admitted: dict[str, _Admitted] = {}
         self.bindings = Bindings(state=state, discovery=discovery, clock=clock, entropy=entropy)
         self._undo_revoked = principals.on_revoked(self._on_revoked)
@@ -205,23 +207,32 @@ class ConnectorService:
             return admitted.answer
         return await self._start_scan(plan)
 
-    def _reserve_live(self, owner: str, op_id: str) -> None:
-        """Step 9, per-principal part: count and reserve in one synchronous step (no await in between)."""
+    def _reserve_live(self, owner: str, op_id: str, transport: str | None = None) -> None:
+        """Step 9, the counted part: the principal's operations and, for a scan, the transport's live
+        sessions (`max_live_sessions`), counted and reserved in one synchronous step (no await between)."""
         if not self.policy.admits_another_operation(self._live_count[owner]):
             raise AdmissionError(
                 "too many operations for this principal", code="too-many-operations", retry_after_seconds=1
             )
+        if transport is not None and not self.policy.admits_another_session(self._live_sessions[transport]):
+            raise AdmissionError(
+                "too many live sessions on this transport", code="too-many-operations", retry_after_seconds=1
+            )
         self._live_owner[op_id] = owner
         self._live_count[owner] += 1
+        if transport is not None:
+            self._live_transport[op_id] = transport
+            self._live_sessions[transport] += 1
 
     def _end_live(self, op_id: str) -> None:
         """An operation ended (or its admission failed): it no longer counts (idempotent)."""
         owner = self._live_owner.pop(op_id, None)
         if owner is None:
             return
-        self._live_count[owner] -= 1
-        if self._live_count[owner] <= 0:
-            del self._live_count[owner]
+        _uncount(self._live_count, owner)
+        transport = self._live_transport.pop(op_id, None)
+        if transport is not None:
+            _uncount(self._live_sessions, transport)
 
     def _forget_books(self, op_id: str) -> None:
         """The runtime let a session go: its in-memory books go with it."""
@@ -231,7 +242,7 @@ class ConnectorService:
     async def _start_scan(self, plan: AdmittedScan) -> Accepted:
         """Reserve, take the claim, record durably, then launch: the 202 leaves only after the record."""
         spec, op_id = plan.session, plan.operation_id
-        self._reserve_live(spec.owner, op_id)
+        self._reserve_live(spec.owner, op_id, spec.scope.transport)
         answer = _accepted(plan.handle)
         admitted = _Admitted(plan.fingerprint, answer)
         if plan.keyed:
@@ -372,6 +383,9 @@ class ConnectorService:
         if not self.runtimes[ref.kind].bindable:
             raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
         if self.discovery.find(op_id) is None:
+            recorded = await self.bindings.recorded(principal, op_id, candidate_ref, key)
+            if recorded is not None:
+                return recorded  # SPEC 6.8: a keyed retry answers the same binding, after a restart too
             refuse_erased(Status((await self._current_status(ref))["status"]))
         return await self.bindings.bind(principal, op_id, candidate_ref, key)
 
@@ -427,3 +441,10 @@ def _command_answer(answer: Mapping[str, Any]) -> Accepted | Done:
     if answer.get("schema") == "sensorium-connector-deferred.v1":
         return _accepted(answer)
     return Done(answer)
+
+
+def _uncount(counter: Counter[str], key: str) -> None:
+    """One fewer under `key`; a key that reaches zero leaves the counter."""
+    counter[key] -= 1
+    if counter[key] <= 0:
+        del counter[key]

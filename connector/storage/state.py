@@ -3,11 +3,14 @@
 Rules of this file:
 - only bindings (SPEC 6.6: id, owner, transport, address, bound_at - no candidate ref, no label), command
   operations and discovery operation records are stored; discovery candidates never reach this database;
+  a binding's keyed retries find it by a keyed digest (`connector.core.ids.bind_replay_digest`, which says
+  why that is no candidate data), erased with the binding;
 - a discovery record is the durable metadata of SPEC 7 (`connector.core.projections.durable_metadata`),
   the caller's `causal/context`, the final revision number and the first answer (the deferred handle);
   never a candidate, a fingerprint of the directive, or anything derived from candidate content;
 - a forgotten binding is erased: a real DELETE under `secure_delete`, then a truncating WAL checkpoint so
-  that no copy of the row stays in the WAL file either;
+  that no copy of the row stays in the WAL file either; every read runs in one job of the connection's
+  thread, so no statement of ours is open when that checkpoint runs;
 - a command's input is kept only while its work is pending or running and cleared at the terminal state;
 - one connection; every write goes through one lock and commits before the caller sees the change.
 """
@@ -15,6 +18,8 @@ Rules of this file:
 from __future__ import annotations
 
 import json
+import logging
+import secrets
 from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +33,8 @@ from connector.errors import SensoriumError
 from connector.storage.sqlite import SqliteStore
 
 STATE_RELATIVE_PATH = Path("modules") / "sensorium-os" / "state.sqlite"
+
+_log = logging.getLogger(__name__)
 
 # Append only: migration N (1-based) moves `user_version` from N-1 to N.
 MIGRATIONS: tuple[str, ...] = (
@@ -73,7 +80,19 @@ MIGRATIONS: tuple[str, ...] = (
     CREATE INDEX discovery_operations_status ON discovery_operations (status);
     CREATE INDEX discovery_operations_ended ON discovery_operations (ended_at_ms);
     """,
+    """
+    CREATE TABLE binding_replays (
+        replay_digest TEXT PRIMARY KEY,
+        binding_id    TEXT NOT NULL REFERENCES bindings (binding_id) ON DELETE CASCADE
+    ) WITHOUT ROWID;
+    CREATE INDEX binding_replays_binding ON binding_replays (binding_id);
+    CREATE TABLE state_secrets (
+        name   TEXT PRIMARY KEY,
+        secret BLOB NOT NULL
+    ) WITHOUT ROWID;
+    """,
 )
+_REPLAY_SECRET = "bind-replay"
 
 Mode = Literal["sync", "async"]
 
@@ -167,6 +186,10 @@ class ConnectorState(SqliteStore):
     MIGRATIONS = MIGRATIONS
     WHAT = "state database"
 
+    def __init__(self, connection: aiosqlite.Connection, path: Path) -> None:
+        super().__init__(connection, path)
+        self._wal_owed = False
+
     async def compact(self) -> None:
         """Rebuild the file (VACUUM) and truncate the WAL: no freed page keeps bytes of cleared values.
 
@@ -179,8 +202,9 @@ class ConnectorState(SqliteStore):
 
     # -- bindings -------------------------------------------------------------------------------------
 
-    async def insert_binding(self, binding: Binding) -> None:
-        """Store a new binding; `internal` if the id already exists (ids are random)."""
+    async def insert_binding(self, binding: Binding, replay_digest: str | None = None) -> None:
+        """Store a new binding, with the digest its keyed retries find it by (one commit); `internal` if
+        the id (random) or the digest is already taken."""
         sql = "INSERT INTO bindings (binding_id, owner, transport, address, bound_at) VALUES (?, ?, ?, ?, ?)"
         params = (
             binding.binding_id,
@@ -189,16 +213,48 @@ class ConnectorState(SqliteStore):
             binding.address,
             format_time(binding.bound_at),
         )
-        try:
-            await self._write(sql, params)
-        except aiosqlite.IntegrityError as error:
-            raise SensoriumError("binding id already exists", code="internal") from error
+        replay = "INSERT INTO binding_replays (replay_digest, binding_id) VALUES (?, ?)"
+        async with self._lock:
+            await self._db.execute("BEGIN IMMEDIATE")
+            try:
+                await self._db.execute(sql, params)
+                if replay_digest is not None:
+                    await self._db.execute(replay, (replay_digest, binding.binding_id))
+                await self._db.execute("COMMIT")
+            except aiosqlite.IntegrityError as error:
+                await self._db.execute("ROLLBACK")
+                raise SensoriumError("binding id already exists", code="internal") from error
+            except BaseException:
+                await self._db.execute("ROLLBACK")
+                raise
+
+    async def replayed_binding(self, replay_digest: str) -> Binding | None:
+        """The binding a keyed bind stored under this digest, while it exists."""
+        sql = (
+            "SELECT b.binding_id, b.owner, b.transport, b.address, b.bound_at FROM binding_replays r "
+            "JOIN bindings b USING (binding_id) WHERE r.replay_digest = ?"
+        )
+        row = await self._first(sql, (replay_digest,))
+        return None if row is None else Binding(row[0], row[1], row[2], row[3], parse_time(row[4]))
+
+    async def replay_secret(self) -> bytes:
+        """The random secret that keys bind replay digests (created once, kept with the state)."""
+        sql = "SELECT secret FROM state_secrets WHERE name = ?"
+        async with self._lock:
+            row = await self._first(sql, (_REPLAY_SECRET,))
+            if row is None:
+                fresh = secrets.token_bytes(32)
+                insert = "INSERT INTO state_secrets (name, secret) VALUES (?, ?)"
+                cursor = await self._db.execute(insert, (_REPLAY_SECRET, fresh))
+                await cursor.close()
+                return fresh
+        secret: bytes = row[0]
+        return secret
 
     async def get_binding(self, binding_id: str) -> Binding | None:
         """The binding with this id, or None."""
         sql = "SELECT binding_id, owner, transport, address, bound_at FROM bindings WHERE binding_id = ?"
-        async with self._db.execute(sql, (binding_id,)) as cursor:
-            row = await cursor.fetchone()
+        row = await self._first(sql, (binding_id,))
         if row is None:
             return None
         return Binding(row[0], row[1], row[2], row[3], parse_time(row[4]))
@@ -209,8 +265,7 @@ class ConnectorState(SqliteStore):
         params: tuple[str, ...] = ()
         if owner is not None:
             sql, params = sql + " WHERE owner = ?", (owner,)
-        async with self._db.execute(sql + " ORDER BY bound_at, binding_id", params) as cursor:
-            rows = await cursor.fetchall()
+        rows = await self._rows(sql + " ORDER BY bound_at, binding_id", params)
         return [Binding(r[0], r[1], r[2], r[3], parse_time(r[4])) for r in rows]
 
     async def delete_binding(self, binding_id: str) -> bool:
@@ -219,8 +274,8 @@ class ConnectorState(SqliteStore):
             cursor = await self._db.execute("DELETE FROM bindings WHERE binding_id = ?", (binding_id,))
             deleted = cursor.rowcount > 0
             await cursor.close()
-            if deleted:
-                await self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+            if deleted or self._wal_owed:
+                await self._erase_wal()
         return deleted
 
     # -- command operations ---------------------------------------------------------------------------
@@ -253,9 +308,8 @@ class ConnectorState(SqliteStore):
     async def get_operation(self, operation_id: str) -> CommandOperation | None:
         """The operation row with this id, or None."""
         sql = f"SELECT {_OPERATION_COLUMNS} FROM command_operations WHERE operation_id = ?"
-        async with self._db.execute(sql, (operation_id,)) as cursor:
-            row = await cursor.fetchone()
-        return None if row is None else _operation_from_row(tuple(row))
+        row = await self._first(sql, (operation_id,))
+        return None if row is None else _operation_from_row(row)
 
     async def list_operations(self, statuses: Iterable[str] | None = None) -> list[CommandOperation]:
         """Operation rows, optionally only those in `statuses`, oldest first."""
@@ -265,9 +319,8 @@ class ConnectorState(SqliteStore):
         if wanted is not None:
             sql += f" WHERE status IN ({', '.join('?' * len(wanted))})" if wanted else " WHERE 0"
             params = wanted
-        async with self._db.execute(sql + " ORDER BY created_at, operation_id", params) as cursor:
-            rows = await cursor.fetchall()
-        return [_operation_from_row(tuple(row)) for row in rows]
+        rows = await self._rows(sql + " ORDER BY created_at, operation_id", params)
+        return [_operation_from_row(row) for row in rows]
 
     async def delete_operations_before(self, statuses: Iterable[str], updated_before: datetime) -> int:
         """Forget rows in `statuses` updated before the cutoff (terminal retention); returns the count."""
@@ -304,9 +357,8 @@ class ConnectorState(SqliteStore):
     async def get_discovery(self, operation_id: str) -> DiscoveryRecord | None:
         """The record of a scan, or None."""
         sql = f"SELECT {_DISCOVERY_COLUMNS} FROM discovery_operations WHERE operation_id = ?"
-        async with self._db.execute(sql, (operation_id,)) as cursor:
-            row = await cursor.fetchone()
-        return None if row is None else _discovery_from_row(tuple(row))
+        row = await self._first(sql, (operation_id,))
+        return None if row is None else _discovery_from_row(row)
 
     async def list_discoveries(self, limit: int = 500) -> list[DiscoveryRecord]:
         """Scan records: open ones first, then the most recently ended (operator views: metadata only)."""
@@ -314,14 +366,12 @@ class ConnectorState(SqliteStore):
             f"SELECT {_DISCOVERY_COLUMNS} FROM discovery_operations "
             "ORDER BY ended_at_ms IS NULL DESC, ended_at_ms DESC LIMIT ?"
         )
-        async with self._db.execute(sql, (max(0, int(limit)),)) as cursor:
-            rows = await cursor.fetchall()
-        return [_discovery_from_row(tuple(row)) for row in rows]
+        rows = await self._rows(sql, (max(0, int(limit)),))
+        return [_discovery_from_row(row) for row in rows]
 
     async def locate(self, operation_id: str) -> Located | None:
         """Kind, owner, action and transport of any recorded operation (with a scan's record), or None."""
-        async with self._db.execute(_LOCATE, (operation_id, operation_id)) as cursor:
-            row = await cursor.fetchone()
+        row = await self._first(_LOCATE, (operation_id, operation_id))
         if row is None:
             return None
         if row[0] == "command":
@@ -336,10 +386,8 @@ class ConnectorState(SqliteStore):
         interrupted = erased = 0
         sql = f"SELECT {_DISCOVERY_COLUMNS} FROM discovery_operations WHERE status IN ('pending', 'running') "
         sql += "OR (status = 'completed' AND metadata_json NOT LIKE '%\"erased_at\"%')"
-        async with self._db.execute(sql) as cursor:
-            rows = await cursor.fetchall()
-        for row in rows:
-            record = _discovery_from_row(tuple(row))
+        for row in await self._rows(sql, ()):
+            record = _discovery_from_row(row)
             metadata = interrupted_metadata(record.metadata, stamp)
             await self.update_discovery(
                 record.operation_id, metadata, final_revision=record.final_revision, ended_at_ms=now_ms
@@ -360,6 +408,33 @@ class ConnectorState(SqliteStore):
         return await self._write(sql, (*_TERMINAL_STATUSES, cutoff_ms))
 
     # -- internals ------------------------------------------------------------------------------------
+
+    async def _rows(self, sql: str, params: tuple[Any, ...]) -> list[tuple[Any, ...]]:
+        """Every row of a read, in one job of the connection's thread.
+
+        One job: no statement stays open between two awaits, where another task's truncating checkpoint
+        would find the table locked by this connection's own reader.
+        """
+        return [tuple(row) for row in await self._db.execute_fetchall(sql, params)]
+
+    async def _first(self, sql: str, params: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        """The first row of a read (one job, as `_rows`), or None."""
+        return next(iter(await self._rows(sql, params)), None)
+
+    async def _erase_wal(self) -> None:
+        """Truncate the WAL, so that no freed copy of an erased row stays there.
+
+        Another process still reading an older snapshot past the busy timeout blocks it: the erasure
+        stands (the row is gone), and the truncation is owed to the next erasure or the close.
+        """
+        try:
+            rows = await self._db.execute_fetchall("PRAGMA wal_checkpoint(TRUNCATE)")
+            blocked = next(iter(rows), (1,))[0] != 0  # (busy, log, checkpointed)
+        except aiosqlite.OperationalError:  # the table is locked by a reader of this connection
+            blocked = True
+        self._wal_owed = blocked
+        if blocked:
+            _log.warning("the WAL truncation after an erasure is owed (a reader held the database)")
 
     async def _write(self, sql: str, params: tuple[Any, ...]) -> int:
         """Run one write statement under the lock (autocommit, synchronous=FULL); returns the row count."""

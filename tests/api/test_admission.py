@@ -9,6 +9,8 @@ from typing import Any
 import pytest
 
 from connector.core.policy import DeferredHostPolicy
+from connector.errors import SensoriumError
+from connector.service.answers import Accepted
 from providers import replay
 from tests.api.support import (
     CANARY,
@@ -144,6 +146,50 @@ async def test_too_many_operations_refuses_before_the_provider(tmp_path: Path) -
         assert h.submits == [] and h.command_rows() == []
         # The limit is per principal: bob is not affected.
         assert (await h.invoke("bob", scan_directive(10))).status_code == 202
+
+
+@pytest.mark.asyncio
+async def test_a_causal_context_over_4_kib_is_refused_naming_the_path(tmp_path: Path) -> None:
+    factory = RecordingFactory(straps(1), concurrent=True)
+    context = {"operation/id": "op:flow-1", "note": CANARY * 500}
+    directive = scan_directive(1, extra={"causal/context": context})
+    async with harness(tmp_path, factory=factory) as h:
+        refused = await h.invoke("alice", directive)
+        body = assert_error(refused, 422, "invalid-directive")
+        assert body["diagnostics"] == [
+            {"code": "invalid-directive", "message": "/causal~1context: causal-context-size"}
+        ]
+        assert CANARY not in refused.text and factory.requests == []
+        with pytest.raises(SensoriumError) as by_host:
+            await h.assembled.host.admit(h.tokens["alice"], directive)
+        assert by_host.value.code == "invalid-directive"
+        context["note"] = "n" * (4096 - len('{"note":"","operation/id":"op:flow-1"}'))  # exactly 4 KiB
+        assert (await h.invoke("alice", directive)).status_code == 202
+
+
+@pytest.mark.asyncio
+async def test_live_sessions_are_capped_per_transport_across_principals_and_routes(tmp_path: Path) -> None:
+    factory = RecordingFactory(straps(1), concurrent=True)
+    async with harness(tmp_path, factory=factory) as h:
+        h.assembled.service.policy = DeferredHostPolicy(max_live_sessions=2)
+        first = await h.invoke("alice", scan_directive(30))
+        assert first.status_code == 202
+        hosted = await h.assembled.host.admit(h.tokens["bob"], scan_directive(30))  # the host route and Bus
+        assert isinstance(hosted, Accepted)
+        await wait_until(lambda: factory.starts == 2)
+        refused = await h.invoke("alice", scan_directive(30))
+        assert_error(refused, 429, "too-many-operations")
+        assert refused.headers["retry-after"] == "1"
+        with pytest.raises(SensoriumError) as by_host:
+            await h.assembled.host.admit(h.tokens["bob"], scan_directive(30))
+        assert (by_host.value.code, by_host.value.retry_after_seconds) == ("too-many-operations", 1)
+        assert factory.starts == 2 and len(factory.requests) == 2  # refused before any provider
+        # The cap is per transport: another transport still has room.
+        assert (await h.invoke("carol", scan_directive(1, transport="mdns"))).status_code == 202
+        # An ended session leaves the count.
+        await h.post("alice", first.headers["location"] + "/cancel")
+        await h.poll("alice", first.headers["location"])
+        assert (await h.invoke("bob", scan_directive(1))).status_code == 202
 
 
 @pytest.mark.asyncio

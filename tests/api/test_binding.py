@@ -4,18 +4,24 @@ binding is erased; the bindings table holds no candidate ref or label."""
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import time
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from connector.errors import ProviderRestarted
 from providers.faults import Fault
 from tests.api.support import (
+    HEART_RATE_LAB,
     REDACT,
     Harness,
     RecordingFactory,
+    add_test_principals,
     assert_error,
     assert_valid,
     candidates_of,
@@ -26,6 +32,7 @@ from tests.api.support import (
 )
 from tests.support.clocks import OffsetClock
 from tests.support.directives import command_directive, scan_directive
+from tests.support.serving import serving
 
 
 async def _completed(h: Harness, who: str = "alice", window: int = 1) -> tuple[str, list[dict[str, Any]]]:
@@ -169,6 +176,34 @@ async def test_the_bindings_table_holds_no_ref_or_label(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+async def test_a_keyed_retry_after_a_restart_answers_the_same_binding(tmp_path: Path) -> None:
+    async with harness(tmp_path, factory=RecordingFactory(straps(2), concurrent=True)) as h:
+        location, candidates = await _completed(h)
+        ref, other_ref = candidates[0]["candidate/ref"], candidates[1]["candidate/ref"]
+        first = await _bind(h, location, ref, "bind-1")
+        assert first.status_code == 201
+        tokens = h.tokens
+    # The restart loses every in-memory book (a kill -9 loses them the same way); the binding row stays.
+    async with harness(tmp_path, factory=RecordingFactory(), tokens=tokens) as h:
+        retry = await _bind(h, location, ref, "bind-1")
+        assert retry.status_code == 201, retry.text
+        assert_valid("sensorium-device-binding.v1", retry.json())
+        same = ("binding/id", "operation/id", "candidate/ref", "transport", "bound_at", "address")
+        assert {k: retry.json()[k] for k in same} == {k: first.json()[k] for k in same}
+        # Another key, another candidate or another principal finds nothing: the candidates are gone.
+        assert_error(await _bind(h, location, ref, "bind-2"), 404, "unknown-candidate")
+        assert_error(await _bind(h, location, other_ref, "bind-1"), 404, "unknown-candidate")
+        assert_error(await _bind(h, location, ref, "bind-1", who="bob"), 404, "unknown-operation")
+        assert len((await h.get("alice", "/v1/bindings")).json()["bindings"]) == 1
+        # Forgotten, the binding takes its retry digest with it.
+        gone = await h.client.delete(f"/v1/bindings/{first.json()['binding/id']}", headers=h.auth("alice"))
+        assert gone.status_code == 204
+        assert query(h.data_dir, "SELECT * FROM binding_replays") == []
+        assert_error(await _bind(h, location, ref, "bind-1"), 404, "unknown-candidate")
+        assert first.json()["address"].encode() not in files_bytes(h.data_dir)
+
+
+@pytest.mark.asyncio
 async def test_command_operations_have_nothing_to_bind_or_select(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory()) as h:
         location = (await h.invoke("alice", command_directive(REDACT, "async", {"text": "x"}))).headers[
@@ -178,3 +213,37 @@ async def test_command_operations_have_nothing_to_bind_or_select(tmp_path: Path)
         assert_error(
             await h.post("alice", location + "/selection", {"candidate/ref": "ref"}), 404, "unknown-candidate"
         )
+
+
+def _bind_over_http(client: httpx.Client, location: str, ref: str) -> httpx.Response:
+    return client.post(location + "/bindings", json={"candidate/ref": ref, "idempotency_key": "bind-k9"})
+
+
+@pytest.mark.timeout(120)
+def test_a_keyed_bind_retry_after_a_kill_9_answers_the_same_binding(tmp_path: Path) -> None:
+    data = tmp_path / "data"
+    tokens = add_test_principals(data)
+    replay = ("--replay", f"ble={HEART_RATE_LAB}", "--replay-speed", "10")
+    with serving("--data-dir", data, *replay, log=tmp_path / "first.log") as server:
+        with server.client(tokens["alice"]) as client:
+            location = client.post("/v1/directives", json=scan_directive(2)).headers["location"]
+            deadline = time.monotonic() + 30
+            while (final := client.get(location).json())["status"] in ("pending", "running"):
+                assert time.monotonic() < deadline
+                time.sleep(0.1)  # real peer: the scan runs on the server's own clock
+            assert final["status"] == "completed"
+            ref = candidates_of(final)[0]["candidate/ref"]
+            first = _bind_over_http(client, location, ref)
+            assert first.status_code == 201, first.text
+        os.kill(server.process.pid, signal.SIGKILL)
+        server.process.wait(timeout=10)
+    with (
+        serving("--data-dir", data, *replay, log=tmp_path / "second.log") as again,
+        again.client(tokens["alice"]) as client,
+    ):
+        retry = _bind_over_http(client, location, ref)
+        assert retry.status_code == 201, retry.text
+        assert retry.json()["binding/id"] == first.json()["binding/id"]
+        assert retry.json()["address"] == first.json()["address"]
+        listed = client.get("/v1/bindings").json()["bindings"]
+        assert [b["binding/id"] for b in listed] == [first.json()["binding/id"]]

@@ -6,8 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 
+from connector.storage.state import Binding
 from tests.api.support import Harness, RecordingFactory, assert_error, candidates_of, harness, straps
 from tests.support.directives import scan_directive
 
@@ -74,3 +76,30 @@ async def test_listing_needs_a_token(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory(straps(1))) as h:
         assert_error(await h.client.get("/v1/bindings"), 401, "unauthenticated")
         assert_error(await h.get("nobody-token", "/v1/bindings"), 401, "unauthenticated")
+
+
+@pytest.mark.asyncio
+async def test_parallel_forgets_beside_readers_never_answer_500(tmp_path: Path) -> None:
+    async with harness(tmp_path) as h:
+        state = h.assembled.state
+        now = h.clock()
+        ids = [f"binding-{i:02d}" for i in range(64)]
+        for number, binding_id in enumerate(ids):
+            address = f"02:00:5E:10:00:{number:02X}"
+            await state.insert_binding(Binding(binding_id, "alice", "ble", address, now))
+        answers: list[int] = []
+
+        async def forget(binding_id: str) -> None:
+            gone = await h.client.delete(f"/v1/bindings/{binding_id}", headers=h.auth("alice"))
+            answers.append(gone.status_code)
+
+        async def read() -> None:
+            for _ in range(8):
+                answers.append((await h.get("alice", "/v1/bindings")).status_code)
+
+        async with anyio.create_task_group() as group:
+            for binding_id in ids:
+                group.start_soon(forget, binding_id)
+                group.start_soon(read)
+        assert sorted(set(answers)) == [200, 204] and answers.count(204) == len(ids)
+        assert (await h.get("alice", "/v1/bindings")).json() == {"bindings": []}

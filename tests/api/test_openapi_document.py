@@ -28,6 +28,7 @@ from tests.contract.vectors import all_vectors
 from tests.host.support import host_app
 
 DOC = "urn:sensorium:openapi-test"
+KIND = "sensorium.directive.invoke"
 OPEN_ROUTES = {("get", "/healthz"), ("get", "/metrics")}
 
 
@@ -182,3 +183,59 @@ async def test_components_judge_every_vector_as_the_canonical_schemas_do(tmp_pat
         v1["required"] == canonical_v1["required"]
         and v1["properties"].keys() == canonical_v1["properties"].keys()
     )
+
+
+def _integers(node: Any, path: str = "") -> list[tuple[str, dict[str, Any]]]:
+    """Every integer schema outside conditionals, with its path."""
+    if isinstance(node, list):
+        return [found for i, item in enumerate(node) for found in _integers(item, f"{path}/{i}")]
+    if not isinstance(node, dict):
+        return []
+    own = [(path, node)] if node.get("type") == "integer" else []
+    inner = [
+        found
+        for key, value in node.items()
+        if key not in ("if", "then", "else", "not")
+        for found in _integers(value, f"{path}/{key}")
+    ]
+    return own + inner
+
+
+@pytest.mark.asyncio
+async def test_every_integer_has_its_bounds_and_free_members_take_strict_json_only(tmp_path: Path) -> None:
+    document = await served(tmp_path)
+    integers = _integers(document)
+    assert len(integers) > 20
+    for path, schema in integers:
+        assert "minimum" in schema and "maximum" in schema, path
+        assert -(2**53 - 1) <= schema["minimum"] <= schema["maximum"] <= 2**53 - 1, path
+    registry: Registry[Any] = Registry().with_resource(DOC, DRAFT202012.create_resource(document))
+    component = f"{DOC}#/components/schemas/"
+    directive = wire_validator({"$ref": component + "sensorium-directive.v1"}, registry=registry)
+    base: dict[str, Any] = {"schema": "sensorium-directive.v1", "action_id": "a.b"}
+    base["timing"] = {"mode": "async"}
+    accepted: dict[str, Any] = {**base, "input": {"a": [5, {"b": -(2**53 - 1)}]}}
+    accepted["extensions"] = {"n": {"m": [1, {"x": [2]}]}}
+    assert list(directive.iter_errors(accepted)) == []
+    refusals: list[dict[str, Any]] = [
+        {**base, "input": {"a": 1.5}},
+        {**base, "input": {"a": [{"b": 2**53}]}},
+        {**base, "input": {}, "causal/context": {"operation/id": "x", "n": {"deep": 0.25}}},
+        {**base, "input": {}, "extensions": {"n": -6.6e16}},
+    ]
+    for refused in refusals:
+        assert list(directive.iter_errors(refused)), refused
+    result = wire_validator({"$ref": component + "deferred-operation-status.v1"}, registry=registry)
+    status: dict[str, Any] = {"schema": "deferred-operation-status.v1", "schema/v": 1, "status": "completed"}
+    status["diagnostics"] = []
+    status |= {"operation/id": "deferred:sensorium.directive.invoke:" + "A" * 26, "operation/kind": KIND}
+    assert list(result.iter_errors({**status, "result": {"json": [1, "x"]}})) == []
+    assert list(result.iter_errors({**status, "result": {"json": 0.5}}))
+
+
+@pytest.mark.asyncio
+async def test_the_semantic_refusals_of_admission_are_documented(tmp_path: Path) -> None:
+    document = await served(tmp_path)
+    for path in ("/v1/directives", "/v1/host/directives"):
+        unprocessable = document["paths"][path]["post"]["responses"]["422"]["description"]
+        assert "CONTRACT §6.1" in unprocessable and "4096 bytes" in unprocessable

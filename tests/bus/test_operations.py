@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import socket
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import pytest
 from nats.errors import NoRespondersError
 
 from connector.bus.client import BusRefused
+from connector.core.clock import format_time, wall_clock
 from connector.service.answers import Accepted
 from connector.storage.registry import OperationRecord
 from tests.bus.broker import NatsServer
@@ -30,7 +32,8 @@ from tests.bus.support import (
     spying,
     watch_states,
 )
-from tests.support.directives import command_directive
+from tests.host.support import EndsBeforeTheHostLooks
+from tests.support.directives import command_directive, scan_directive
 from tests.support.waiting import wait_until
 
 TERMINAL = {"done", "failed", "cancelled", "lost"}
@@ -483,3 +486,34 @@ def _with_input(directive: dict[str, Any], number: bytes) -> bytes:
     """An `op.start` request whose scan input carries `number` as written (not representable in Python)."""
     text = json.dumps({"op": "s-5", "directive": {**directive, "input": {**directive["input"], "n": 0}}})
     return text.replace('"n": 0', '"n": ' + number.decode()).encode()
+
+
+@pytest.mark.asyncio
+async def test_work_that_ended_during_admission_is_announced_once(tmp_path: Path, broker: NatsServer) -> None:
+    env = make_env(tmp_path)
+    deadline = format_time(wall_clock() + timedelta(seconds=5))  # cleanup 4 s + proof 1 s: no window
+    no_window = scan_directive(30, timing={"deadline_at": deadline})
+    async with spying(broker.url) as spy:
+        async with (
+            running_connector(env, broker.url) as assembled,
+            client(broker.url, env.tokens["alice"]) as bus,
+        ):
+            assembled.host.port = EndsBeforeTheHostLooks(assembled.service)
+            assert await bus.start(no_window, op="cut-1") == {"op": "cut-1", "state": "done"}
+            failing = await bus.start(command_directive(FAIL), op="fail-1")
+            assert failing == {"op": "fail-1", "state": "failed"}
+            await wait_until(lambda: spy.done("cut-1") and spy.done("fail-1"))
+            for op, status in (("cut-1", "completed"), ("fail-1", "failed")):
+                record = await _record(assembled.registry, "alice", op)
+                assert record.next_poll_at is None
+                history = await assembled.registry.history(record.operation_id)
+                assert [event.status for event in history] == ["pending", status]
+        async with (
+            running_connector(env, broker.url),
+            client(broker.url, env.tokens["alice"]) as bus,
+        ):
+            # The restart's sweep runs before its announcer, so anything still owed would precede this one.
+            await bus.start(command_directive(REDACT, input={"text": "x"}), op="marker-1")
+            await wait_until(lambda: spy.done("marker-1"))
+    assert [(d["state"], d["reason"]) for d in spy.done("cut-1")] == [("done", "deadline-reached")]
+    assert [(d["state"], d["reason"]) for d in spy.done("fail-1")] == [("failed", "command-failed")]

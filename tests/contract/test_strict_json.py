@@ -52,9 +52,13 @@ def test_a_lone_surrogate_in_a_str_document_is_refused_too() -> None:
         (b'{"input": {"window_seconds": 1e400}}', "invalid-input", "/input"),
         (b'{"input": {"a": [1, 2, 9007199254740992]}}', "invalid-input", "/input"),
         (b'{"input": {"a": -9007199254740992}}', "invalid-input", "/input"),
-        (b'{"input": {"a": 1.0}}', "invalid-input", "/input"),
+        (b'{"input": {"a": 1.25}}', "invalid-input", "/input"),
+        (b'{"input": {"a": 1e-3}}', "invalid-input", "/input"),
+        (b'{"input": {"a": -6.6e16}}', "invalid-input", "/input"),
+        (b'{"input": {"a": 9.007199254740992e15}}', "invalid-input", "/input"),
+        (b'{"input": {"a": 1e999999999}}', "invalid-input", "/input"),
         (b'{"timing": {"mode": "async", "timeout_ms": 1.5}}', "invalid-directive", "/timing"),
-        (b'{"causal/context": {"operation/id": "x", "n": 1E2}}', "invalid-directive", "/causal~1context"),
+        (b'{"causal/context": {"operation/id": "x", "n": 1.25E1}}', "invalid-directive", "/causal~1context"),
         (b'{"' + CANARY.encode() + b'": 12345678901234567890}', "invalid-directive", "/"),
         (b'{"x": ' + b"9" * 5000 + b"}", "invalid-directive", "/"),
     ],
@@ -65,6 +69,28 @@ def test_numbers_that_are_not_safe_integers_are_422(raw: bytes, code: str, point
         code,
         [{"code": code, "message": f"{pointer}: safe-integer"}],
     )
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [
+        ("510511.0", 510511),
+        ("5e3", 5000),
+        ("5E+3", 5000),
+        ("100e-2", 1),
+        ("-0.0", 0),
+        ("0e999999999", 0),
+        ("9.007199254740991e15", 9007199254740991),
+        ("-9007199254740991.000", -9007199254740991),
+        ("1." + "0" * 2000, 1),
+    ],
+)
+def test_an_integral_number_is_that_integer_anywhere(text: str, value: int) -> None:
+    timing, inputs, context = f'{{"timeout_ms": {text}}}', f'{{"a": [{text}]}}', f'{{"n": {text}}}'
+    raw = f'{{"timing": {timing}, "input": {inputs}, "causal/context": {context}}}'
+    document = strict_json.loads(raw.encode())
+    numbers = (document["timing"]["timeout_ms"], document["input"]["a"][0], document["causal/context"]["n"])
+    assert numbers == (value, value, value) and all(type(n) is int for n in numbers)
 
 
 def test_a_request_that_holds_no_directive_says_invalid_input() -> None:

@@ -38,6 +38,7 @@ def test_defaults_follow_spec() -> None:
     assert (policy.max_ttl_seconds, policy.max_attempts) == (900, 1000)
     assert (policy.max_response_bytes, policy.max_operations_per_principal) == (262144, 16)
     assert policy.jitter_fraction == pytest.approx(0.10)
+    assert policy.max_live_sessions == 64
     assert DeferredHostPolicy.from_mapping({}) == policy
 
 
@@ -46,6 +47,11 @@ def test_from_mapping_overrides() -> None:
     assert policy.max_ttl_seconds == 60
     assert policy.jitter_fraction == 0
     assert policy.max_attempts == 1000
+
+
+def test_live_sessions_are_capped_from_configuration() -> None:
+    policy = DeferredHostPolicy.from_mapping({"max_live_sessions": 2})
+    assert [policy.admits_another_session(n) for n in (0, 1, 2, 3)] == [True, True, False, False]
 
 
 def test_policy_is_frozen() -> None:
@@ -65,6 +71,8 @@ def test_policy_is_frozen() -> None:
         ({"max_attempts": 0}, "out-of-range", "/max_attempts"),
         ({"max_response_bytes": 0}, "out-of-range", "/max_response_bytes"),
         ({"max_operations_per_principal": -5}, "out-of-range", "/max_operations_per_principal"),
+        ({"max_live_sessions": 0}, "out-of-range", "/max_live_sessions"),
+        ({"max_live_sessions": 8.0}, "not-an-integer", "/max_live_sessions"),
         ({"max_attempts": True}, "not-an-integer", "/max_attempts"),
         ({"max_attempts": 10.0}, "not-an-integer", "/max_attempts"),
         ({"max_ttl_seconds": "900"}, "not-an-integer", "/max_ttl_seconds"),

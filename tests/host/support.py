@@ -8,11 +8,15 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import anyio
 import httpx
 
 from connector.api.host_routes import host_router
 from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.contract.validate import validate
+from connector.core import authority
+from connector.host.port import InProcessConnector
+from connector.service.answers import Accepted, Done
 from providers.base import Provider
 from tests.support import catalogs
 from tests.support.catalogs import command_action
@@ -106,3 +110,25 @@ async def poll_until(
 def terminal(body: dict[str, Any]) -> bool:
     """True for a terminal status document."""
     return body.get("status") in TERMINAL
+
+
+class EndsBeforeTheHostLooks(InProcessConnector):
+    """The real connector, answering its admission only once the work it admitted has ended.
+
+    Models a connector that ends an operation during admission (a window cut to zero by the caller's
+    deadline, a command that finished before its handle reached the host: `connector/host/service.py`
+    `_accept` observes right after the answer): it waits on the runtime's own long poll, never on a clock.
+    """
+
+    async def admit(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+    ) -> Accepted | Done:
+        """The connector's admission, answered after the admitted work reached its terminal status."""
+        answer = await super().admit(principal, directive, op_key=op_key)
+        if isinstance(answer, Accepted):
+            op_id = answer.handle["connector_operation/id"]
+            kind = self.service.catalog.actions[answer.handle["action_id"]].action_class
+            with anyio.fail_after(30):
+                while (seen := await self.observe(op_id, kind)) is None or seen.status not in TERMINAL:
+                    await self.runtimes[kind].wait(op_id, None, 5.0)
+        return answer

@@ -52,7 +52,7 @@ async def test_pragmas_and_location(tmp_path: Path) -> None:
         assert str(await state.pragma("journal_mode")).lower() == "wal"
         assert await state.pragma("secure_delete") == 1
         assert await state.pragma("synchronous") == 2  # FULL
-        assert await state.pragma("user_version") == 2  # bindings + commands, then discovery records
+        assert await state.pragma("user_version") == 3  # bindings + commands, discovery records, bind replays
         assert stat.S_IMODE(state.path.stat().st_mode) == 0o600
         with pytest.raises(SensoriumError):
             await state.pragma("user_version; DROP TABLE bindings")
@@ -64,7 +64,7 @@ async def test_reopen_keeps_rows_and_does_not_remigrate(tmp_path: Path) -> None:
         await state.insert_binding(_binding())
     async with await ConnectorState.open(tmp_path) as state:
         assert await state.get_binding("b-1") == _binding()
-        assert await state.pragma("user_version") == 2
+        assert await state.pragma("user_version") == 3
 
 
 @pytest.mark.asyncio
@@ -190,3 +190,21 @@ async def test_a_restart_counts_interrupted_scans_apart_from_erased_results(tmp_
         assert await state.interrupt_discoveries(2_000, "2026-12-01T00:00:02.000Z") == (0, 0)
         running = await state.get_discovery("op-running")
         assert running is not None and running.metadata["error_code"] == "interrupted-by-restart"
+
+
+@pytest.mark.asyncio
+async def test_an_erasure_blocked_by_a_reader_is_truncated_by_the_next_one(tmp_path: Path) -> None:
+    async with await ConnectorState.open(tmp_path) as state:
+        await state.insert_binding(_binding("b-1", "CANARY-ADDR-1"))
+        await state.insert_binding(_binding("b-2", "CANARY-ADDR-2"))
+        await state.checkpoint()
+        wal = state.path.with_name(state.path.name + "-wal")
+        with contextlib.closing(sqlite3.connect(state.path, isolation_level=None)) as reader:
+            reader.execute("BEGIN")
+            reader.execute("SELECT count(*) FROM bindings").fetchall()  # an older snapshot, held
+            assert await state.delete_binding("b-1")  # answered although the truncation is blocked
+            assert wal.stat().st_size > 0 and await state.get_binding("b-1") is None
+            reader.execute("COMMIT")
+        assert await state.delete_binding("b-2")
+        assert wal.stat().st_size == 0
+        assert b"CANARY-ADDR" not in _files(tmp_path)
