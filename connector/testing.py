@@ -266,7 +266,7 @@ def start_connector(
             argv += ["--catalog", str(catalog or default_catalog_path)]
             argv += ["--trust", str(trust or default_trust)]
             if trust is None:
-                argv.append("--allow-test-key")  # the example's key: a test harness may trust it (CONTRACT §12)
+                argv.append("--allow-test-key")  # the example key: a test harness may trust it (CONTRACT §12)
         if simulate:
             argv += ["--simulate", ",".join(simulate)]
         for transport, path in (replay or {}).items():

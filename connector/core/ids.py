@@ -63,16 +63,15 @@ def _b32(raw: bytes) -> str:
 
 
 def bind_replay_digest(
-    key: bytes, *, principal_id: str, operation_id: str, idempotency_key: str, candidate_ref: str
+    key: bytes, *, principal_id: str, operation_id: str, idempotency_key: str
 ) -> str:
-    """The keyed digest that lets a bind retry find its binding after a restart (SPEC 6.8).
+    """The keyed digest that lets a bind retry find its binding after a restart (CONTRACT §6.8).
 
-    SPEC 6.6 keeps candidate refs out of storage. This digest is allowed there because nothing in it comes
-    from a device: the ref is 128 random bits minted for one session (SPEC 4), the operation id and the
-    idempotency key are the caller's, and `key` is a random secret of the connector's state. Without that
-    secret nobody can match the digest against a ref seen elsewhere; with it, it tells only which of this
-    caller's binds made the binding, whose row already holds far more (the address). No ref can be recovered
-    from it, and it links no two sessions (every session mints new refs).
+    It covers the caller's own words only (principal, operation, idempotency key), never the candidate ref:
+    CONTRACT §6.6 keeps refs, and every digest of them, out of storage. So after a restart a keyed retry
+    answers the recorded binding without comparing refs, as a keyed directive repeat answers its recorded
+    first answer without comparing directives once the fingerprint is gone (CONTRACT §4). `key` is a random
+    secret of the connector's state, so the stored digest names no key that a reader could test guesses of.
     """
-    message = canonical_bytes([principal_id, operation_id, idempotency_key, candidate_ref])
+    message = canonical_bytes([principal_id, operation_id, idempotency_key])
     return hmac.new(key, message, hashlib.sha256).hexdigest()

@@ -81,7 +81,7 @@ class Bindings:
 
     async def bind(self, principal: authority.Principal, op_id: str, candidate_ref: str, key: str) -> Created:
         """Consume a candidate of a session the runtime holds, exactly once, and reveal its address."""
-        digest = await self._replay_digest(principal, op_id, candidate_ref, key)  # before the book's checks
+        digest = await self._replay_digest(principal, op_id, key)  # before the book's checks
         book = self._books.setdefault(op_id, _Book())
         while (pending := book.pending.get(key)) is not None:
             await pending.wait()
@@ -131,15 +131,13 @@ class Bindings:
 
         Only what the binding row keeps is answered (no label or details: those were candidate data).
         """
-        digest = await self._replay_digest(principal, op_id, candidate_ref, key)
+        digest = await self._replay_digest(principal, op_id, key)
         binding = await self._state.replayed_binding(digest)
         if binding is None or binding.owner != principal.principal_id:
             return None
         return Created(_binding_document(binding, op_id, candidate_ref, {}))
 
-    async def _replay_digest(
-        self, principal: authority.Principal, op_id: str, candidate_ref: str, key: str
-    ) -> str:
+    async def _replay_digest(self, principal: authority.Principal, op_id: str, key: str) -> str:
         if self._secret is None:
             self._secret = await self._state.replay_secret()
         return bind_replay_digest(
@@ -147,7 +145,6 @@ class Bindings:
             principal_id=principal.principal_id,
             operation_id=op_id,
             idempotency_key=key,
-            candidate_ref=candidate_ref,
         )
 
     async def _replay(self, earlier: _Bound, candidate_ref: str) -> Created:

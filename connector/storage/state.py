@@ -3,8 +3,8 @@
 Rules of this file:
 - only bindings (SPEC 6.6: id, owner, transport, address, bound_at - no candidate ref, no label), command
   operations and discovery operation records are stored; discovery candidates never reach this database;
-  a binding's keyed retries find it by a keyed digest (`connector.core.ids.bind_replay_digest`, which says
-  why that is no candidate data), erased with the binding;
+  a binding's keyed retries find it by a keyed digest of the caller's principal, operation and key only
+  (`connector.core.ids.bind_replay_digest`; no ref, no digest of one), erased with the binding;
 - a discovery record is the durable metadata of SPEC 7 (`connector.core.projections.durable_metadata`),
   the caller's `causal/context`, the final revision number and the first answer (the deferred handle);
   never a candidate, a fingerprint of the directive, or anything derived from candidate content;

@@ -190,9 +190,13 @@ async def test_a_keyed_retry_after_a_restart_answers_the_same_binding(tmp_path: 
         assert_valid("sensorium-device-binding.v1", retry.json())
         same = ("binding/id", "operation/id", "candidate/ref", "transport", "bound_at", "address")
         assert {k: retry.json()[k] for k in same} == {k: first.json()[k] for k in same}
-        # Another key, another candidate or another principal finds nothing: the candidates are gone.
+        # Another key or another principal finds nothing: the candidates are gone.
         assert_error(await _bind(h, location, ref, "bind-2"), 404, "unknown-candidate")
-        assert_error(await _bind(h, location, other_ref, "bind-1"), 404, "unknown-candidate")
+        # The key alone finds the binding: no ref, nor any digest of one, is stored (CONTRACT §6.6), so the
+        # retry is not compared with the first ref, as a keyed directive repeat after a restart is not
+        # compared with the first directive (CONTRACT §4). It can bind nothing new: it answers that binding.
+        reused = await _bind(h, location, other_ref, "bind-1")
+        assert reused.status_code == 201 and reused.json()["binding/id"] == first.json()["binding/id"]
         assert_error(await _bind(h, location, ref, "bind-1", who="bob"), 404, "unknown-operation")
         assert len((await h.get("alice", "/v1/bindings")).json()["bindings"]) == 1
         # Forgotten, the binding takes its retry digest with it.
@@ -201,6 +205,8 @@ async def test_a_keyed_retry_after_a_restart_answers_the_same_binding(tmp_path: 
         assert query(h.data_dir, "SELECT * FROM binding_replays") == []
         assert_error(await _bind(h, location, ref, "bind-1"), 404, "unknown-candidate")
         assert first.json()["address"].encode() not in files_bytes(h.data_dir)
+        stored = files_bytes(h.data_dir)
+        assert ref.encode() not in stored and other_ref.encode() not in stored
 
 
 @pytest.mark.asyncio
