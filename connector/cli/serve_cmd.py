@@ -18,9 +18,12 @@ import uvicorn
 
 from connector.api.console import console_router
 from connector.api.host_routes import host_router
-from connector.assembly import Assembled, ConnectorConfig, assemble
-from connector.bus.messages import Subjects, check_broker_url
+from connector.assembly import Assembled, ConnectorConfig, assemble, known_adapters
+from connector.bus.messages import Subjects
+from connector.bus.node import check_access, check_node, parse_broker_urls
+from connector.bus.probe import NodeTaken, refuse_live_node
 from connector.cli.main import EXIT_OK, EXIT_USAGE, DefaultsHelp, usage_error
+from connector.cli.nats_flags import add_nats_access_flags, broker_access
 from connector.contract.transports import TRANSPORTS
 from connector.errors import CatalogError
 from connector.service.operations import LiveConnectorOperations
@@ -89,7 +92,13 @@ def register(subparsers: Any) -> None:
         help="simulated backends driven by the operator routes /v1/sim/... for the named transports "
         "(bare: all three); for mock-device CI, never for production",
     )
-    parser.add_argument("--nats", default=None, metavar="URL", help="NATS broker URL for the Bus face")
+    parser.add_argument(
+        "--nats", default=None, metavar="URL[,URL...]", help="NATS URLs of one system for the Bus face"
+    )
+    parser.add_argument(
+        "--node", default=None, metavar="NAME", help="this host's node name in a lab (CONTRACT §15)"
+    )
+    add_nats_access_flags(parser)
     parser.add_argument("--nats-service", default="sensorium-os", metavar="NAME", help="Bus subject prefix")
     parser.add_argument(
         "--mdns-interfaces",
@@ -157,9 +166,26 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
         simulate=simulate,
         ble_adapter=args.ble_adapter,
         mdns_interfaces=interfaces,
-        nats_url=None if args.nats is None else check_broker_url(args.nats),
         nats_service=_nats_service(args.nats_service),
+        **_lab_node(args),
     )
+
+
+def _lab_node(args: argparse.Namespace) -> dict[str, Any]:
+    """The Bus URLs, the node name and the broker access (CONTRACT §15); ValueError with a reason."""
+    nats, node = getattr(args, "nats", None), getattr(args, "node", None)
+    if nats is None:
+        if node is not None:
+            raise ValueError("--node needs --nats")
+        return {"nats_url": None}
+    urls = parse_broker_urls(nats)
+    access = broker_access(args)
+    check_access(urls, access)
+    return {
+        "nats_url": ",".join(urls),
+        "nats_node": None if node is None else check_node(node),
+        "nats_access": access,
+    }
 
 
 def _mdns_interfaces(text: str) -> tuple[str, ...] | str:
@@ -193,6 +219,8 @@ def run(args: argparse.Namespace) -> int:
         anyio.run(_serve, config, listener)
     except CatalogError as error:
         return usage_error(f"catalog refused ({error.code}): {error.message}")
+    except NodeTaken as error:
+        return usage_error(str(error))
     return EXIT_OK
 
 
@@ -206,6 +234,8 @@ def listen(host: str, port: int) -> socket.socket:
 
 async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
     make_private_dir(config.data_dir)
+    if config.nats_url is not None and config.nats_node is not None:
+        await refuse_live_node(config.nats_url, config.nats_service, config.nats_node, config.nats_access)
     async with assemble(config, routers=extra_routers) as assembled:
         host, port = listener.getsockname()[:2]
         # log_config=None: uvicorn's own records go through our handler (text or JSON Lines) like every other.
@@ -233,18 +263,6 @@ def extra_routers(assembled: Assembled) -> list[Any]:
         host_router(assembled.host),
         console_router(assembled.host, authenticate=assembled.service.authenticate, operations=operations),
     ]
-
-
-def known_adapters(assembled: Assembled) -> dict[str, str]:
-    """The adapter each scannable transport uses when a directive names none (listed even while free)."""
-    from connector.runtime.claims import DEFAULT_ADAPTER
-
-    transports: set[str] = set()
-    for action in assembled.catalog.actions.values():
-        if action.discovery is not None:  # a discovery action (the catalog's own test in `discovery_profile`)
-            transports.update(assembled.catalog.discovery_profile(action.action_id).transports)
-    defaults = {"ble": assembled.config.ble_adapter or DEFAULT_ADAPTER}
-    return {transport: defaults.get(transport, DEFAULT_ADAPTER) for transport in sorted(transports)}
 
 
 __all__ = ["EXIT_OK", "EXIT_USAGE", "register", "run"]
