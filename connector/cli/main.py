@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "connector.cli.principals_cmd",
     "connector.cli.serve_cmd",
     "connector.cli.ops_cmd",
+    "connector.cli.lab_cmd",
 )
 
 EXIT_OK = 0
