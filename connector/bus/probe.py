@@ -22,12 +22,13 @@ class NodeTaken(Exception):
 async def refuse_live_node(urls: str, service: str, node: str, access: BrokerAccess) -> None:
     """Raise `NodeTaken` when a process answers `<svc>.<node>.op.get`; a broker out of reach is no answer."""
     nc = NATS()
+    servers = [url.strip() for url in urls.split(",")]
     try:
         await nc.connect(
-            servers=[url.strip() for url in urls.split(",")],
+            servers=servers,
             connect_timeout=PROBE_TIMEOUT,  # type: ignore[arg-type]
-            allow_reconnect=False,
-            max_reconnect_attempts=0,
+            max_reconnect_attempts=len(servers),  # each server of the system once
+            reconnect_time_wait=0.1,  # type: ignore[arg-type]
             **connect_options(access),
         )
     except (NatsError, OSError) as error:

@@ -212,6 +212,15 @@ class LabTable:
         )
         return True
 
+    def merge(self, name: str, documents: Iterable[Mapping[str, Any]]) -> None:
+        """The newest page of a listed node: new rows join, known rows take the node's current fields."""
+        for document in documents:
+            self.put(name, document)
+
+    def fresh(self, now: datetime) -> list[str]:
+        """The listed, reachable nodes (whose newest page the view reads between listings)."""
+        return [name for name, node in self._nodes.items() if node.listed and self.reachable(name, now)]
+
     def put(self, name: str, document: Mapping[str, Any]) -> None:
         """One operator view the node answered (after a cancel): its row as the node now reports it."""
         node = self._nodes.get(name)

@@ -30,6 +30,8 @@ from connector.core.lab import LabTable, node_info
 
 _log = logging.getLogger("sensorium.lab")
 MAX_PAGES = 1000
+# Replies to the view come on an inbox of its own, so permissions can keep callers from reading them.
+INBOX_PREFIX = "_INBOX_lab"
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,6 +42,8 @@ class LabSettings:
     access: BrokerAccess = field(default_factory=BrokerAccess)
     service: str = DEFAULT_SERVICE
     ping_interval: float = 1.0
+    # Between listings the view reads each node's newest page (new and changed operations come first).
+    refresh_interval: float = 1.0
     request_timeout: float = 5.0
     reconnect_time_wait: float = 0.5
 
@@ -67,6 +71,7 @@ class LabFollower:
         await self.nc.connect(
             servers=list(self.settings.urls),
             name="sensorium-os-lab",
+            inbox_prefix=INBOX_PREFIX,
             reconnected_cb=self._on_reconnected,
             allow_reconnect=True,
             max_reconnect_attempts=-1,
@@ -81,6 +86,7 @@ class LabFollower:
         async with anyio.create_task_group() as group:
             group.start_soon(self._pinger, inbox)
             group.start_soon(self._lister)
+            group.start_soon(self._refresher)
 
     async def close(self) -> None:
         """Drop the connection."""
@@ -122,6 +128,18 @@ class LabFollower:
             self._due = anyio.Event()
             for name in self.table.due():
                 await self._list(name)
+
+    async def _refresher(self) -> None:
+        while True:
+            await anyio.sleep(self.settings.refresh_interval)
+            for name in self.table.fresh(self._clock()):
+                token = self._tokens.get(name)
+                if token is None:
+                    continue
+                subject = NodeSubjects.of(self.settings.service, name).admin_list
+                page = await self._ask(subject, token, {"limit": ADMIN_LIST_MAX})
+                if page is not None and isinstance(page.get("operations"), list):
+                    self.table.merge(name, page["operations"])
 
     async def _list(self, name: str) -> None:
         """Every page of a node's `admin.list`; the table takes them only when complete."""
