@@ -49,7 +49,8 @@ class ConnectorError(Exception):
     code: ClassVar[str] = ""  # each subclass below names one SPEC 14 code
 
     def __init__(self, status_code: int, document: ErrorDocument, retry_after_seconds: int | None) -> None:
-        super().__init__(f"{document.code}: {document.message}")
+        paths = "; ".join(d.message or d.code for d in document.diagnostics or ())
+        super().__init__(f"{document.code}: {document.message}" + (f" ({paths})" if paths else ""))
         self.status_code = status_code
         self.document = document
         self.message = document.message

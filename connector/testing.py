@@ -18,12 +18,14 @@ OS-chosen port and a fresh data dir, creates a caller and an operator principal,
 to choose other backends. `start_connector(...)` is the same thing as a context manager.
 
 `client()` hands back the typed async client (`connector.client.ConnectorClient`); `caller()` and
-`operator()` a thin synchronous httpx wrapper for suites without an event loop, and `sim(transport)` the
-`/v1/sim/...` routes.
+`operator()` a `SyncClient`, a thin synchronous httpx wrapper for suites without an event loop, and
+`sim(transport)` the `/v1/sim/...` routes. With `simulate` and no `catalog`, `serve --simulate` serves the
+packaged example catalog by itself (CONTRACT §0), so all of this works from the installed wheel alone.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import signal
@@ -51,8 +53,8 @@ _SERVING = re.compile(r"serving on (http://127\.0\.0\.1:\d+)")
 _CHECKOUT = Path(__file__).resolve().parents[1]
 
 
-class ConnectorClient:
-    """HTTP calls of one principal against one connector (bearer token in every request)."""
+class SyncClient:
+    """Synchronous HTTP calls of one principal against one connector (bearer token in every request)."""
 
     def __init__(self, base_url: str, token: str, *, timeout: float = 40.0) -> None:
         headers = {"Authorization": f"Bearer {token}"}
@@ -62,7 +64,7 @@ class ConnectorClient:
         """Close the connection pool."""
         self.http.close()
 
-    def __enter__(self) -> ConnectorClient:
+    def __enter__(self) -> SyncClient:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -106,22 +108,27 @@ class ConnectorClient:
         return document
 
     def wait_terminal(self, operation_id: str, *, timeout: float = 90.0) -> dict[str, Any]:
-        """Long-poll until the operation is terminal."""
+        """Long-poll until the operation is terminal; `TimeoutError` (naming the last status) otherwise."""
         deadline = time.monotonic() + timeout
         while True:
-            status = self.status(operation_id, wait_seconds=5)
-            if status["status"] in TERMINAL or time.monotonic() > deadline:
+            left = deadline - time.monotonic()
+            status = self.status(operation_id, wait_seconds=max(0, min(5, math.floor(left))))
+            if status["status"] in TERMINAL:
                 return status
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{operation_id} still {status['status']} after {timeout} s")
 
     def wait_for(
         self, operation_id: str, predicate: Any, *, timeout: float = 30.0, interval: float = 0.1
     ) -> dict[str, Any]:
-        """Poll until `predicate(status)` holds (or the timeout passes); the last status."""
+        """Poll until `predicate(status)` holds; `TimeoutError` (naming the last status) otherwise."""
         deadline = time.monotonic() + timeout
         while True:
             status = self.status(operation_id)
-            if predicate(status) or time.monotonic() > deadline:
+            if predicate(status):
                 return status
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"{operation_id}: not met after {timeout} s ({status['status']})")
             time.sleep(interval)
 
     def cancel(self, operation_id: str) -> dict[str, Any]:
@@ -177,7 +184,7 @@ class MockConnector:
     operator_token: str
     data_dir: Path
     log_path: Path
-    _clients: list[ConnectorClient] = field(default_factory=list)
+    _clients: list[SyncClient] = field(default_factory=list)
     _operator_http: httpx.Client | None = None
 
     def client(self, token: str | None = None) -> TypedClient:
@@ -189,15 +196,15 @@ class MockConnector:
 
         return Typed(self.base_url, token or self.caller_token, timeout_s=40.0)
 
-    def caller(self) -> ConnectorClient:
+    def caller(self) -> SyncClient:
         """A synchronous client with the caller's token (granted every scan transport)."""
-        client = ConnectorClient(self.base_url, self.caller_token)
+        client = SyncClient(self.base_url, self.caller_token)
         self._clients.append(client)
         return client
 
-    def operator(self) -> ConnectorClient:
-        """A client with the operator's token."""
-        client = ConnectorClient(self.base_url, self.operator_token)
+    def operator(self) -> SyncClient:
+        """A synchronous client with the operator's token."""
+        client = SyncClient(self.base_url, self.operator_token)
         self._clients.append(client)
         return client
 
@@ -228,10 +235,7 @@ class MockConnector:
 
 
 def default_catalog() -> tuple[Path, Path]:
-    """The example catalog and its trust directory: this checkout's, else the packaged ones."""
-    checkout = _CHECKOUT / "catalog" / "actions.json"
-    if checkout.is_file():
-        return checkout, _CHECKOUT / "catalog" / "trust"
+    """The example catalog and its trust directory (the packaged copies; a checkout's when run from one)."""
     from connector.resources import example_catalog, example_trust
 
     return example_catalog(), example_trust()
@@ -255,10 +259,12 @@ def start_connector(
         data_dir = base / "data"
         caller = add_principal(data_dir, "test-caller", "caller", [make_grant(SCAN_ACTION)])
         operator = add_principal(data_dir, "test-operator", "operator")
-        default_catalog_path, default_trust = default_catalog()
         argv = [sys.executable, "-m", "connector", "serve", "--host", "127.0.0.1", "--port", "0"]
-        argv += ["--data-dir", str(data_dir), "--catalog", str(catalog or default_catalog_path)]
-        argv += ["--trust", str(trust or default_trust), "--mdns-interfaces", "127.0.0.1"]
+        argv += ["--data-dir", str(data_dir), "--mdns-interfaces", "127.0.0.1"]
+        if catalog is not None or not simulate:
+            default_catalog_path, default_trust = default_catalog()
+            argv += ["--catalog", str(catalog or default_catalog_path)]
+            argv += ["--trust", str(trust or default_trust)]
         if simulate:
             argv += ["--simulate", ",".join(simulate)]
         for transport, path in (replay or {}).items():
@@ -290,7 +296,7 @@ def wait_serving(process: subprocess.Popen[bytes], log_path: Path, seconds: floa
     url = None
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise RuntimeError(f"serve exited with {process.returncode}: see {log_path}")
+            raise RuntimeError(f"serve exited with {process.returncode}; its log:\n{_tail(log_path)}")
         if url is None:
             found = _SERVING.search(log_path.read_text(encoding="utf-8", errors="replace"))
             url = found.group(1) if found else None
@@ -301,7 +307,16 @@ def wait_serving(process: subprocess.Popen[bytes], log_path: Path, seconds: floa
             except httpx.HTTPError:
                 pass
         time.sleep(0.05)
-    raise RuntimeError("serve did not become healthy in time")
+    raise RuntimeError(f"serve did not become healthy in {seconds} s; its log:\n{_tail(log_path)}")
+
+
+def _tail(log_path: Path, lines: int = 40) -> str:
+    """The last lines of a log, kept in the error (the file itself goes with its temporary directory)."""
+    try:
+        text = log_path.read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return "(no log)"
+    return "\n".join(text.splitlines()[-lines:])
 
 
 def _expect(response: httpx.Response, status_code: int) -> None:
@@ -332,4 +347,9 @@ if pytest is not None:
         marker = request.node.get_closest_marker("sensorium_connector")
         options: dict[str, Any] = dict(marker.kwargs) if marker is not None else {}
         with start_connector(tmp_path, **options) as connector:
-            yield connector
+            try:
+                yield connector
+            finally:
+                # Shown with a failing test's report; the log file goes with the temporary directory.
+                log = _tail(connector.log_path)
+                request.node.add_report_section("call", "sensorium-connector serve log", log)

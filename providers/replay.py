@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +17,7 @@ from typing import Any
 
 from connector.contract.transports import TRANSPORTS, Transport
 from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
-from connector.core.scope import DiscoveryScope
+from connector.core.scope import DiscoveryScope, expand_uuid
 from connector.errors import ProviderUnavailable
 from providers.base import BaseSession, ObservationSink, ProviderCapabilities
 
@@ -145,10 +146,16 @@ _KIND_NAMES: Mapping[type, str] = {
 }
 
 
+_KEY_SHAPE = re.compile(r"[a-z_][a-z0-9_]{0,63}")
+
+
 def _closed(doc: Mapping[str, Any], allowed: frozenset[str]) -> None:
-    """Refuse keys the SPEC does not define for this line (a key name is file content: never named)."""
-    if not allowed.issuperset(doc):
-        raise _LineError("", "unknown-key")
+    """Refuse keys the contract does not define for this line, naming the first when it has the shape of a
+    key (a misspelt `rssi_dbm`); other key text is file content and never shown."""
+    unknown = sorted(key for key in doc if key not in allowed)
+    if unknown:
+        named = next((key for key in unknown if _KEY_SHAPE.fullmatch(key)), None)
+        raise _LineError("" if named is None else f"/{named}", "unknown-key")
 
 
 def _ranged(value: int | None, key: str, low: int, high: int) -> int | None:
@@ -213,6 +220,11 @@ _USB_KEYS = frozenset(
 _MDNS_KEYS = frozenset({"t_ms", "event", "service_type", "name", "server", "addresses", "port", "txt", "ttl"})
 
 
+def _uuid(text: str) -> str:
+    """A UUID in the one form filters use (CONTRACT §6.1): `180d` is the 128-bit Heart Rate UUID."""
+    return expand_uuid(text) or text.lower()
+
+
 def _ble_line(line: str) -> tuple[int, Observation]:
     """A BLE advertisement line."""
     doc = _object(line)
@@ -223,9 +235,9 @@ def _ble_line(line: str) -> tuple[int, Observation]:
         address=_required(doc, "address", str),
         rssi=rssi,
         name=_optional(doc, "name", str),
-        service_uuids=tuple(uuid.lower() for uuid in _strings(doc, "service_uuids")),
+        service_uuids=tuple(_uuid(uuid) for uuid in _strings(doc, "service_uuids")),
         manufacturer_data=_company_map(doc),
-        service_data={uuid.lower(): data for uuid, data in _hex_map(doc, "service_data").items()},
+        service_data={_uuid(uuid): data for uuid, data in _hex_map(doc, "service_data").items()},
         tx_power=_ranged(_optional(doc, "tx_power", int), "tx_power", -127, 127),
         connectable=_optional(doc, "connectable", bool),
     )

@@ -50,6 +50,7 @@ ADAPTERS_PATH: Final = "/admin/adapters"
 # Seconds between self-refreshes of pages that show running work or a cleanup still in doubt.
 LIST_REFRESH_SECONDS: Final = 5
 DETAIL_REFRESH_SECONDS: Final = 2
+PAGE_SIZE: Final = 200  # the most the host's listing hands out at once (CONTRACT §9)
 IDLE_TIMEOUT: Final = timedelta(hours=8)
 ABSOLUTE_TIMEOUT: Final = timedelta(hours=24)
 SIGN_IN_NONCE_SECONDS: Final = 900
@@ -85,7 +86,9 @@ SECURITY_HEADERS: Final[Mapping[str, str]] = {
 class OperatorViews(Protocol):
     """The host's operator surface the console renders (`HostService`)."""
 
-    async def operator_list(self, token: str | None, status: str | None) -> Done: ...
+    async def operator_list(
+        self, token: str | None, status: str | None = None, *, after: str | None = None, limit: int = ...
+    ) -> Done: ...
     async def operator_detail(self, token: str | None, op_id: str) -> Done: ...
     async def operator_poll(self, token: str | None, op_id: str) -> Done: ...
     async def operator_cancel(self, token: str | None, op_id: str) -> Done: ...
@@ -296,12 +299,6 @@ def _cleanup_text(cleanup: Mapping[str, Any]) -> str:
     return f"{state}, claim {claim}" if state and claim else state
 
 
-def _outcome_text(record: Mapping[str, Any], metadata: Mapping[str, Any]) -> str:
-    code = _text(record.get("last_error")) or _text(metadata.get("error_code"))
-    reason = _text(metadata.get("reason"))
-    return " ".join(part for part in (reason, code) if part)
-
-
 def _cancelability(record: Mapping[str, Any]) -> tuple[bool, str]:
     cancelable = record.get("cancelable") is True
     if cancelable:
@@ -310,14 +307,14 @@ def _cancelability(record: Mapping[str, Any]) -> tuple[bool, str]:
     return False, f"no: {reason}" if reason else "no"
 
 
-def _scope_facts(metadata: Mapping[str, Any]) -> tuple[str, str, str]:
-    """Transport, window and adapter of a discovery's redacted scope (commands have none)."""
-    scope = metadata.get("scope")
-    if not isinstance(scope, Mapping):
-        return "-", "-", "-"
-    window = scope.get("window_seconds")
+_ROUTES: Final[Mapping[str, str]] = {"host": "host", "bus": "Bus", "connector": "connector"}
+
+
+def _columns(record: Mapping[str, Any]) -> tuple[str, str, str]:
+    """Transport, window and adapter from the operator row's columns (`-` where there is none)."""
+    window = record.get("window_seconds")
     window_text = f"{window} s" if isinstance(window, int) and not isinstance(window, bool) else "-"
-    return _text(scope.get("transport")) or "-", window_text, _text(scope.get("adapter")) or "default"
+    return _text(record.get("transport")) or "-", window_text, _text(record.get("adapter")) or "-"
 
 
 def _scope_text(metadata: Mapping[str, Any]) -> str:
@@ -344,30 +341,12 @@ def _scope_text(metadata: Mapping[str, Any]) -> str:
     return text
 
 
-def connector_record(metadata: Mapping[str, Any]) -> dict[str, Any]:
-    """A connector-only operation's durable metadata in the shape of a host operator view."""
-    return {
-        "operation/id": metadata.get("operation/id"),
-        "operation/kind": metadata.get("operation/kind"),
-        "capability_id": metadata.get("action_id"),
-        "owner": metadata.get("owner"),
-        "status": metadata.get("status"),
-        "created_at": metadata.get("created_at"),
-        "updated_at": metadata.get("updated_at"),
-        "expires_at": metadata.get("expires_at"),
-        "cancelable": False,
-        "cancel/unavailable-reason": "admitted on the connector route: only its caller can cancel it",
-        "metadata": dict(metadata),
-        "route": "connector",
-    }
-
-
 def operation_view(record: Mapping[str, Any]) -> OperationView:
     """The fields a console page shows of an operator view document, and nothing else."""
     metadata = _mapping(record.get("metadata"))
-    transport, window, adapter = _scope_facts(metadata)
+    transport, window, adapter = _columns(record)
     cleanup_state = _text(_mapping(metadata.get("cleanup")).get("state"))
-    route = "connector" if record.get("route") == "connector" else "Bus" if record.get("bus_op") else "host"
+    route = _ROUTES.get(_text(record.get("route")), "host")
     cancellation = _mapping(metadata.get("cancellation"))
     status = _text(record.get("status"))
     status_text, status_class = _status_text(status, cancellation)
@@ -396,7 +375,7 @@ def operation_view(record: Mapping[str, Any]) -> OperationView:
         cancelability=cancelability,
         cancellation=_cancellation_text(cancellation),
         cleanup=_cleanup_text(_mapping(metadata.get("cleanup"))),
-        outcome=_outcome_text(record, metadata),
+        outcome=_text(record.get("outcome")),
         disclosed_count=disclosed if isinstance(disclosed, int) and not isinstance(disclosed, bool) else None,
         correlation_id=_text(record.get("correlation/id")),
         action=_text(record.get("capability_id")),
@@ -612,20 +591,20 @@ class _Console:
         return self.problem(error.http_status, "Request failed", f"The host answered {error.code}.", ctx)
 
     async def list_page(self, request: Request, ctx: _Context) -> Response:
-        """GET the list with an optional status filter."""
+        """GET the list (newest first, a page at a time) with an optional status filter."""
         status = request.query_params.get("status") or None
+        after = request.query_params.get("after") or None
         if status is not None and status not in STATUSES:
             return self.problem(400, "Unknown status", "Choose one of the listed statuses.", ctx)
         try:
-            listing = await self.host.operator_list(ctx.session.token, status)
+            listing = await self.host.operator_list(ctx.session.token, status, after=after, limit=PAGE_SIZE)
         except SensoriumError as error:
             return self.refused(error, ctx)
-        rows = _mapping(listing.document).get("operations")
+        body = _mapping(listing.document)
+        rows = body.get("operations")
         operations = (
             [operation_view(r) for r in rows if isinstance(r, Mapping)] if isinstance(rows, list) else []
         )
-        operations += await self._connector_only({op.operation_id for op in operations}, status)
-        operations.sort(key=lambda op: (op.updated_at, op.operation_id), reverse=True)
         live = any(op.live for op in operations)
         return self.page(
             "list.html",
@@ -633,15 +612,9 @@ class _Console:
             operations=operations,
             statuses=STATUSES,
             selected_status=status or "",
+            older_href=_older_href(status, body.get("next_after")),
             refresh_seconds=LIST_REFRESH_SECONDS if live else None,
         )
-
-    async def _connector_only(self, known: set[str], status: str | None) -> list[OperationView]:
-        """The connector's own operations the host registry does not hold (connector routes)."""
-        if self.operations is None:
-            return []
-        views = [operation_view(connector_record(m)) for m in await self.operations.operations()]
-        return [v for v in views if v.operation_id not in known and status in (None, v.status)]
 
     async def adapters_page(self, ctx: _Context) -> Response:
         """GET `/admin/adapters`: each (transport, adapter) claim (operators only)."""
@@ -662,18 +635,10 @@ class _Console:
         try:
             detail = await self.host.operator_detail(ctx.session.token, op_id)
         except SensoriumError as error:
-            return await self._not_the_hosts(ctx, op_id, public_refusal(error))
+            return self.refused(error, ctx)
         body = _mapping(detail.document)
         view = operation_view(_mapping(body.get("operation")))
         return self._detail(ctx, view, history_views(body.get("history")))
-
-    async def _not_the_hosts(self, ctx: _Context, op_id: str, error: SensoriumError) -> Response:
-        """An id the host registry does not hold may be a connector-only operation; else the refusal."""
-        if error.http_status == 404 and self.operations is not None:
-            metadata = await self.operations.operation(op_id)
-            if metadata is not None:
-                return self._detail(ctx, operation_view(connector_record(metadata)), [])
-        return self.refused(error, ctx)
 
     def _detail(self, ctx: _Context, view: OperationView, history: list[HistoryView]) -> Response:
         refresh = DETAIL_REFRESH_SECONDS if view.live else None
@@ -693,6 +658,14 @@ class _Console:
                 return self.refused(answered, ctx)
         self.sessions.put_notice(ctx.cookie, _action_notice(action, answered))
         return _redirect(operation_href(op_id))
+
+
+def _older_href(status: str | None, cursor: Any) -> str | None:
+    """The link to the next (older) page, keeping the status filter."""
+    if not isinstance(cursor, str) or not cursor:
+        return None
+    query = f"after={quote(cursor, safe='')}"
+    return f"{LIST_PATH}?{'status=' + quote(status, safe='') + '&' if status else ''}{query}"
 
 
 def _action_notice(action: str, answered: Done | SensoriumError) -> str:

@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from connector.api.errors import bearer_token, parse_json_body, to_response
 from connector.api.openapi import ADMISSION_REFUSALS, Ok, Route, declare
+from connector.core.operator_rows import DEFAULT_PAGE, MAX_PAGE
 from connector.host.service import HostService
 
 _AUTH = ("unauthenticated", "internal")
@@ -77,10 +78,14 @@ def host_router(host: HostService) -> APIRouter:
 
     @router.get("/v1/admin/deferred-operations", **declare(OPERATOR_LIST))
     async def operator_list(
-        request: Request, status: str | None = Query(default=None, json_schema_extra={"enum": _STATUSES})
+        request: Request,
+        status: str | None = Query(default=None, json_schema_extra={"enum": _STATUSES}),
+        after: str | None = Query(default=None, max_length=512),
+        limit: int = Query(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE),
     ) -> Response:
-        """Durable views of every operation, optionally of one status (operators)."""
-        return to_response(await host.operator_list(bearer_token(request), status))
+        """Every operation the process knows, newest first; `after` is the previous page's `next_after`."""
+        reply = await host.operator_list(bearer_token(request), status, after=after, limit=limit)
+        return to_response(reply)
 
     @router.get("/v1/admin/deferred-operations/{operation_id}", **declare(OPERATOR_DETAIL))
     async def operator_detail(request: Request, operation_id: str) -> Response:

@@ -175,9 +175,64 @@ _DURABLE_VIEW = _closed(
         "updated_at": _TIME,
         "bus_op": _nullable(_TEXT),
         "metadata": {"type": "object", "description": "durable metadata (SPEC 6.6): no candidate data"},
+        "route": {"enum": ["host", "bus", "connector"], "description": "where it was admitted"},
+        "action": _nullable(_TEXT),
+        "transport": _nullable(_ref("common.defs.transport")),
+        "window_seconds": _nullable(_COUNT),
+        "adapter": _nullable(_TEXT),
+        "outcome": _nullable(_TEXT),
     }
 )
+# CONTRACT §6.1: the `input` of `device.discovery.scan` (a directive's `input` stays open on the wire; this
+# documents what the action's own rules accept). UUIDs and `vid_pid` strings are normalised on admission.
+_UUID_FORMS = {
+    "type": "string",
+    "pattern": "^([0-9a-fA-F]{4}|[0-9a-fA-F]{8}|[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-"
+    "[0-9a-fA-F]{12})$",
+    "description": "128-bit, or a 16-/32-bit short form on the Bluetooth base UUID (180d), any case; "
+    "admitted as lowercase 128-bit",
+}
+_VID_PID_FORMS = {
+    "oneOf": [
+        _closed({"vid": _ref("common.defs.count"), "pid": _ref("common.defs.count")}),
+        {"type": "string", "pattern": "^[0-9a-fA-F]{1,4}:[0-9a-fA-F]{1,4}$", "description": "hex, 0403:6001"},
+    ]
+}
+
+
+def _list(items: Any) -> dict[str, Any]:
+    return {"type": "array", "items": items, "minItems": 1, "maxItems": 64}
+
+
+_DISCOVERY_FILTER = _closed(
+    {
+        "service_uuids": _list(_UUID_FORMS),
+        "manufacturer_ids": _list({"type": "integer", "minimum": 0, "maximum": 65535}),
+        "name_prefix": _TEXT,
+        "min_rssi_dbm": {"type": "integer", "minimum": -128, "maximum": 127},
+        "addresses": _list(_TEXT),
+        "vid_pid": _list(_VID_PID_FORMS),
+        "serial_numbers": _list(_TEXT),
+        "service_types": _list({"type": "string", "description": "_http._tcp[.local.]"}),
+        "instance_prefix": _TEXT,
+    },
+    required=(),
+)
 API_COMPONENTS: Mapping[str, Any] = {
+    "device.discovery.scan-input": _closed(
+        {
+            "transport": _ref("common.defs.transport"),
+            "window_seconds": {"type": "integer", "minimum": 1},
+            "limits": _closed(
+                {"max_candidates": {"type": "integer", "minimum": 1}, "max_snapshot_bytes": _COUNT},
+                required=(),
+            ),
+            "filters": _DISCOVERY_FILTER,
+            "exclusions": _DISCOVERY_FILTER,
+            "adapter": {"type": "string", "pattern": "^[A-Za-z0-9_.:-]{1,64}$"},
+        },
+        required=("transport", "window_seconds"),
+    ),
     "catalog-summary": _closed(
         {
             "catalog/id": _TEXT,
@@ -248,7 +303,13 @@ API_COMPONENTS: Mapping[str, Any] = {
         }
     ),
     "health": _closed({"status": {"enum": ["ok", "starting"]}}),
-    "operator-operation-list": _closed({"operations": {"type": "array", "items": _DURABLE_VIEW}}),
+    "operator-operation-list": _closed(
+        {
+            "operations": {"type": "array", "items": _DURABLE_VIEW, "maxItems": 200},
+            "next_after": {"type": "string", "description": "the cursor of the next (older) page"},
+        },
+        required=("operations",),
+    ),
     "operator-operation-detail": _closed(
         {
             "operation": _DURABLE_VIEW,

@@ -66,7 +66,6 @@ from connector.bus.node import (
     NodeSubjects,
     admin_refusal,
     connect_options,
-    list_page,
     parse_cancel,
     parse_list,
 )
@@ -108,7 +107,9 @@ class HostFace(Protocol):
 
     async def cancel(self, token: str | None, op_id: str) -> Done: ...
 
-    async def operator_list(self, token: str | None, status: str | None = None) -> Done: ...
+    async def operator_list(
+        self, token: str | None, status: str | None = None, *, after: str | None = None, limit: int = ...
+    ) -> Done: ...
 
     async def operator_cancel(self, token: str | None, op_id: str) -> Done: ...
 
@@ -456,11 +457,11 @@ class BusAdapter:
         return state_reply(op, record_state(record)[0])
 
     async def _admin_list(self, token: str | None, data: bytes) -> dict[str, Any]:
-        """`admin.list`: the host's operator list (the HTTP admin route's builder), one page of it."""
+        """`admin.list`: the page of the host's operator list the HTTP admin route answers (one builder)."""
         request = parse_list(data)
-        listing = await self._host.operator_list(token, request.status)
-        rows = listing.document.get("operations")
-        return list_page(rows if isinstance(rows, list) else [], request)
+        options = {} if request.limit is None else {"limit": request.limit}
+        listing = await self._host.operator_list(token, request.status, after=request.after, **options)
+        return dict(listing.document)
 
     async def _admin_cancel(self, token: str | None, data: bytes) -> dict[str, Any]:
         """`admin.cancel {operation/id}`: the HTTP admin cancel's document."""

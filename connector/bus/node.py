@@ -24,7 +24,6 @@ from connector.errors import SensoriumError
 
 NODE_NAME: Final = re.compile(r"[a-z0-9-]{1,32}")
 ADMIN_LIST_MAX: Final = 200
-ADMIN_LIST_DEFAULT: Final = 100
 MICRO_NAME: Final = DEFAULT_SERVICE
 _LIST_FIELDS: Final = frozenset({"status", "after", "limit"})
 _CANCEL_FIELDS: Final = frozenset({"operation/id"})
@@ -118,11 +117,11 @@ def node_metadata(node: str, version: str, adapters: Mapping[str, str]) -> dict[
 
 @dataclass(frozen=True, slots=True)
 class ListRequest:
-    """`admin.list`: an optional status, a cursor (the last operation id seen) and a page size."""
+    """`admin.list`: an optional status, the cursor of the previous page and a page size."""
 
     status: str | None = None
     after: str | None = None
-    limit: int = ADMIN_LIST_DEFAULT
+    limit: int | None = None  # None: the host's default page
 
 
 def _invalid(path: str, rule: str) -> SensoriumError:
@@ -153,8 +152,10 @@ def parse_list(data: bytes) -> ListRequest:
     for name in ("status", "after"):
         if name in body and not isinstance(body[name], str):
             raise _invalid(f"/{name}", "not-a-string")
-    limit = body.get("limit", ADMIN_LIST_DEFAULT)
-    if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= ADMIN_LIST_MAX:
+    limit = body.get("limit")
+    if limit is not None and (
+        isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= ADMIN_LIST_MAX
+    ):
         raise _invalid("/limit", "limit-1-to-200")
     return ListRequest(body.get("status"), body.get("after"), limit)
 
@@ -166,17 +167,6 @@ def parse_cancel(data: bytes) -> str:
     if not isinstance(op_id, str) or not op_id:
         raise _invalid("/operation/id", "required-string")
     return op_id
-
-
-def list_page(operations: Sequence[Mapping[str, Any]], request: ListRequest) -> dict[str, Any]:
-    """One page of newest-first operator views after the cursor, with the cursor of the next page."""
-    start = 0
-    if request.after is not None:
-        ids = [op.get("operation/id") for op in operations]
-        start = ids.index(request.after) + 1 if request.after in ids else len(ids)
-    rows = [dict(op) for op in operations[start : start + request.limit]]
-    more = start + request.limit < len(operations)
-    return {"operations": rows, "next": rows[-1]["operation/id"] if more and rows else None}
 
 
 def admin_refusal(error: SensoriumError) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from connector.cli.main import EXIT_OK, EXIT_USAGE, DefaultsHelp, usage_error
 from connector.cli.nats_flags import add_nats_access_flags, broker_access
 from connector.contract.transports import TRANSPORTS
 from connector.errors import CatalogError
+from connector.resources import example_catalog, example_trust
 from connector.service.operations import LiveConnectorOperations
 from connector.storage.files import make_private_dir
 from connector.telemetry.logs import LOG_FORMAT_ENV, LOG_FORMATS, configure_logging
@@ -33,6 +34,10 @@ from providers.replay import FixtureError, load_fixture
 from providers.simulated import parse_simulate
 
 _log = logging.getLogger("sensorium.serve")
+PACKAGED_NOTE = (
+    "serve --simulate: using the packaged example catalog and its published test key "
+    "(a test mode: anyone can sign with that key; give --catalog and --trust to serve your own)"
+)
 
 
 class _Server(uvicorn.Server):
@@ -69,9 +74,17 @@ def register(subparsers: Any) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on")
     parser.add_argument("--port", type=int, default=8787, help="TCP port (0 picks a free one)")
     parser.add_argument(
-        "--catalog", type=Path, default=Path("catalog/actions.json"), help="signed action catalog"
+        "--catalog",
+        type=Path,
+        default=None,
+        help="signed action catalog (default: catalog/actions.json; with --simulate: the packaged example)",
     )
-    parser.add_argument("--trust", type=Path, default=Path("catalog/trust"), help="trusted operator keys")
+    parser.add_argument(
+        "--trust",
+        type=Path,
+        default=None,
+        help="trusted operator keys (default: catalog/trust; --simulate without --catalog: the packaged key)",
+    )
     parser.add_argument(
         "--replay",
         action="append",
@@ -157,10 +170,11 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
     both = sorted(set(replays) & set(simulate))
     if both:
         raise ValueError(f"--replay and --simulate both name {', '.join(both)}: choose one per transport")
+    catalog, trust = catalog_paths(args.catalog, args.trust, simulate)
     return ConnectorConfig(
         data_dir=args.data_dir,
-        catalog=args.catalog,
-        trust_dir=args.trust,
+        catalog=catalog,
+        trust_dir=trust,
         replay=replays,
         replay_speed=args.replay_speed,
         simulate=simulate,
@@ -188,6 +202,16 @@ def _lab_node(args: argparse.Namespace) -> dict[str, Any]:
     }
 
 
+def catalog_paths(catalog: Path | None, trust: Path | None, simulate: tuple[str, ...]) -> tuple[Path, Path]:
+    """The catalog and trust directory: as given, else `catalog/`; `--simulate` without `--catalog` serves
+    the packaged example with its packaged key and never reads `./catalog/` (CONTRACT §0)."""
+    if catalog is None and simulate:
+        if trust is not None:
+            raise ValueError("--trust needs --catalog: --simulate alone serves the packaged example catalog")
+        return example_catalog(), example_trust()
+    return catalog or Path("catalog/actions.json"), trust or Path("catalog/trust")
+
+
 def _mdns_interfaces(text: str) -> tuple[str, ...] | str:
     """`IP[,IP...]` or `all`; ValueError with a one-line reason otherwise."""
     from providers.mdns_interfaces import parse_setting
@@ -212,6 +236,8 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(log_format, sys.stderr)
     try:
         config = config_from(args)
+        if config.catalog == example_catalog():
+            _log.warning(PACKAGED_NOTE)  # a log line: one JSON object with --log-format json
         listener = listen(args.host, args.port)
     except (ValueError, OSError) as error:
         return usage_error(str(error))

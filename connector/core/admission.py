@@ -29,7 +29,7 @@ from connector.core.commands import CommandAction, check_command_input
 from connector.core.ids import OPERATION_KIND, keyed_operation_id, random_operation_id
 from connector.core.policy import DeferredHostPolicy, discovery_window_end, retry_after
 from connector.core.projections import deferred_handle
-from connector.core.scope import DiscoveryProfile, DiscoveryScope, parse_discovery_input
+from connector.core.scope import DiscoveryProfile, DiscoveryScope, normalised_input, parse_discovery_input
 from connector.errors import AdmissionError
 
 T = TypeVar("T")
@@ -270,7 +270,9 @@ class _Steps:
         timeout_ms = self.timing.get("timeout_ms")
         scope = parse_discovery_input(self.directive["input"], profile, timeout_ms=timeout_ms)
         require_status_v2(self.timing.get("status_versions"))
-        fingerprint = directive_fingerprint(self.directive)
+        # CONTRACT §6.1: `180d` and its 128-bit form are one scope, so they are one fingerprint.
+        normal = normalised_input(self.directive["input"], scope)
+        fingerprint = directive_fingerprint({**self.directive, "input": normal})
         op_id = self._operation_id()
         deadline = caller_deadline(self.directive)
         window_end, cut = discovery_window_end(

@@ -124,7 +124,7 @@ def row_of(node: str, document: Mapping[str, Any]) -> LabRow | None:
         or _text(scope.get("adapter"))
         or ("default" if scope else "-"),
         status=_text(document.get("status")) or "unknown",
-        outcome=outcome_of(document),
+        outcome=_text(document.get("outcome")) or outcome_of(document),
         created_at=parse_time(document.get("created_at")),
         updated_at=_text(document.get("updated_at")),
     )

@@ -22,6 +22,7 @@ from typing import Any, Final
 from connector.core.clock import format_time
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import Status, is_terminal
+from connector.core.operator_rows import error_code_of, follow_status, operator_columns
 from connector.core.projections import ERROR_MESSAGES
 from connector.runtime.kinds import Kind
 from connector.storage.registry import HistoryEvent, OperationRecord
@@ -170,13 +171,6 @@ def with_policy_fields(
     return answer
 
 
-def error_code_of(metadata: Mapping[str, Any]) -> str | None:
-    """The terminal error code durable metadata names (`error_code` for discovery, `error.code` else)."""
-    error = metadata.get("error")
-    code = metadata.get("error_code") or (error.get("code") if isinstance(error, Mapping) else None)
-    return code if isinstance(code, str) and _STATUS_CODE.match(code) else None
-
-
 def _error_code(record: OperationRecord) -> str:
     found = error_code_of(record.metadata) or record.last_error
     if isinstance(found, str) and _STATUS_CODE.match(found):
@@ -246,8 +240,8 @@ def _discovery_parts(document: dict[str, Any], record: OperationRecord) -> None:
 
 
 def durable_view(record: OperationRecord) -> dict[str, Any]:
-    """The operator and Bus projection of one operation: control fields plus durable metadata."""
-    return {
+    """The operator and Bus projection of one operation: control fields, durable metadata, columns."""
+    view: dict[str, Any] = {
         "operation/id": record.operation_id,
         "operation/kind": record.operation_kind,
         "owner_module_id": record.owner_module_id,
@@ -268,7 +262,10 @@ def durable_view(record: OperationRecord) -> dict[str, Any]:
         "updated_at": format_time(record.updated_at),
         "bus_op": record.bus_op,
         "metadata": dict(record.metadata),
+        "route": "bus" if record.bus_op else "host",
+        **operator_columns(record.metadata, record.capability_id, record.last_error),
     }
+    return follow_status(view)
 
 
 def history_view(events: Sequence[HistoryEvent]) -> list[dict[str, Any]]:

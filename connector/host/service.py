@@ -29,9 +29,19 @@ from typing import Any
 from connector.contract.canonical import canonical_bytes, sha256_hex
 from connector.core import authority
 from connector.core.admission import caller_deadline
-from connector.core.clock import wall_clock
+from connector.core.clock import parse_time, wall_clock
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import IllegalTransition, Status, is_terminal
+from connector.core.operator_rows import (
+    DEFAULT_PAGE,
+    MAX_PAGE,
+    BadCursor,
+    connector_row,
+    decode_cursor,
+    error_code_of,
+    merge_rows,
+    operator_page,
+)
 from connector.core.policy import DeferredHostPolicy
 from connector.errors import SensoriumError, unknown_operation
 from connector.host import documents
@@ -43,6 +53,7 @@ from connector.host.receipts import record_receipt
 from connector.runtime.kinds import Kind, Observed
 from connector.service.answers import Accepted, Done
 from connector.service.connector import ConnectorService
+from connector.service.operations import ConnectorOperations, LiveConnectorOperations
 from connector.storage.registry import DEFAULT_RETENTION, DeferredRegistry, OperationRecord
 
 _log = logging.getLogger("sensorium.host")
@@ -69,11 +80,16 @@ class HostService:
         metrics: HostMetrics | None = None,
         retention: timedelta = DEFAULT_RETENTION,
         owner_module_id: str = documents.OWNER_MODULE_ID,
+        operations: ConnectorOperations | None = None,
     ) -> None:
         self.port: ConnectorPort = (
             InProcessConnector(connector) if isinstance(connector, ConnectorService) else connector
         )
         self.registry = registry
+        if operations is None and isinstance(connector, ConnectorService):
+            operations = LiveConnectorOperations(connector.discovery, connector.state)
+        # The connector's own operations (admitted on its routes): listed and cancelled beside the registry's.
+        self.operations = operations
         self.policy = policy
         self.clock = clock
         self._jitter = jitter
@@ -324,7 +340,7 @@ class HostService:
             retry_after_seconds=None if terminal else retry,
             next_poll_at=None if terminal or retry is None else self._next_poll(record, now, retry),
             attempts=attempts,
-            last_error=documents.error_code_of(metadata) if terminal else None,
+            last_error=error_code_of(metadata) if terminal else None,
         )
 
     async def _expire(
@@ -444,33 +460,57 @@ class HostService:
 
     # ---- operators -----------------------------------------------------------------------------------------
 
-    async def operator_list(self, token: str | None, status: str | None = None) -> Done:
-        """GET /v1/admin/deferred-operations?status=: durable views, most recently updated first."""
+    async def operator_list(
+        self,
+        token: str | None,
+        status: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int = DEFAULT_PAGE,
+    ) -> Done:
+        """GET /v1/admin/deferred-operations: every operation the process knows, newest first, a page at a
+        time (CONTRACT §9). The HTTP admin list, the console and the Bus `admin.list` all call this."""
         self._operator(token)
         if status is not None and status not in _STATUSES:
-            raise SensoriumError(
-                "unknown status filter",
-                code="invalid-input",
-                diagnostics=[{"code": "invalid-input", "message": "/status: unknown-status"}],
-            )
-        records = await self.registry.list(status=status)
-        return Done({"operations": [documents.durable_view(r) for r in records]})
+            raise _invalid_query("status", "unknown-status")
+        try:
+            before = decode_cursor(after) if after is not None else None
+            start = None if before is None else (parse_time(before[0]), before[1])
+        except (BadCursor, ValueError):
+            raise _invalid_query("after", "unknown-cursor") from None
+        if not 1 <= limit <= MAX_PAGE:
+            raise _invalid_query("limit", "out-of-range")
+        records = await self.registry.newest(status=status, before=start, limit=limit + 1)
+        host_rows = [documents.durable_view(r) for r in records]
+        rows = merge_rows(host_rows, await self._connector_rows(await self.registry.known_ids()))
+        page = operator_page(rows, status=status, after=after, limit=limit)
+        document: dict[str, Any] = {"operations": list(page.rows)}
+        if page.next_after is not None:
+            document["next_after"] = page.next_after
+        return Done(document)
 
     async def operator_detail(self, token: str | None, op_id: str) -> Done:
         """GET /v1/admin/deferred-operations/{id}: durable view, history digests, receipt."""
         self._operator(token)
-        return Done(await self._detail(await self._known(op_id)))
+        record = await self.registry.get(op_id)
+        if record is None:
+            return Done(await self._connector_detail(op_id))
+        return Done(await self._detail(record))
 
     async def operator_poll(self, token: str | None, op_id: str) -> Done:
         """POST /v1/admin/deferred-operations/{id}/poll: poll now, then the detail."""
         self._operator(token)
-        record = await self.poll(await self._known(op_id))
-        return Done(await self._detail(record))
+        record = await self.registry.get(op_id)
+        if record is None:  # the connector's own: its metadata is live, there is nothing to poll
+            return Done(await self._connector_detail(op_id))
+        return Done(await self._detail(await self.poll(record)))
 
     async def operator_cancel(self, token: str | None, op_id: str) -> Done:
         """POST /v1/admin/deferred-operations/{id}/cancel: bridged where cancelable, then the detail."""
         self._operator(token)
-        record = await self._known(op_id)
+        record = await self.registry.get(op_id)
+        if record is None:
+            return Done(await self._cancel_connector_own(op_id))
         if not record.terminal:
             _require_cancelable(record)
             kind = kind_of(record)
@@ -482,14 +522,35 @@ class HostService:
                 record = await self._record(record, observed, self.clock(), retry, attempts=None)
         return Done(await self._detail(record))
 
+    async def _connector_rows(self, known: set[str]) -> list[dict[str, Any]]:
+        """The connector's own operations (connector routes) as operator rows; the registry's left out."""
+        if self.operations is None:
+            return []
+        found = await self.operations.operations()
+        rows = (connector_row(m, self.owner_module_id) for m in found)
+        return [row for row in rows if row["operation/id"] not in known]
+
+    async def _connector_own(self, op_id: str) -> dict[str, Any]:
+        """A connector-route operation's row, or `unknown-operation`."""
+        metadata = None if self.operations is None else await self.operations.operation(op_id)
+        if metadata is None:
+            raise unknown_operation()
+        return connector_row(metadata, self.owner_module_id)
+
+    async def _connector_detail(self, op_id: str) -> dict[str, Any]:
+        """The detail document of a connector-route operation: no registry history, no receipt."""
+        return {"operation": await self._connector_own(op_id), "history": [], "receipt": None}
+
+    async def _cancel_connector_own(self, op_id: str) -> dict[str, Any]:
+        """An operator's cancel of a scan or command admitted on the connector routes."""
+        row = await self._connector_own(op_id)
+        if row["cancelable"]:
+            kind: Kind = "discovery" if "scope" in row["metadata"] else "command"
+            await self.port.cancel(op_id, kind)
+        return await self._connector_detail(op_id)
+
     def _operator(self, token: str | None) -> None:
         authority.require_operator(self.port.authenticate(token))
-
-    async def _known(self, op_id: str) -> OperationRecord:
-        record = await self.registry.get(op_id)
-        if record is None:
-            raise unknown_operation()
-        return record
 
     async def _detail(self, record: OperationRecord) -> dict[str, Any]:
         history = await self.registry.history(record.operation_id)
@@ -505,6 +566,15 @@ class HostService:
         """The durable projection of one operation (no candidates, no result), or None."""
         record = await self.registry.get(op_id)
         return None if record is None else documents.durable_view(record)
+
+
+def _invalid_query(name: str, rule: str) -> SensoriumError:
+    """422 `invalid-input` naming the query parameter that failed (never its value)."""
+    return SensoriumError(
+        f"invalid query parameter {name}",
+        code="invalid-input",
+        diagnostics=[{"code": "invalid-input", "message": f"/{name}: {rule}"}],
+    )
 
 
 def _require_cancelable(record: OperationRecord) -> None:

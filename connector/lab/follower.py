@@ -157,7 +157,7 @@ class LabFollower:
             if page is None or not isinstance(page.get("operations"), list):
                 return  # listed again at its next answer
             rows += page["operations"]
-            after = page.get("next")
+            after = page.get("next_after")
             if not isinstance(after, str):
                 break
         self.table.listed(name, rows)

@@ -608,6 +608,27 @@ class DeferredRegistry(SqliteStore):
         wanted = Status(status).value
         return await self._select("status = ?", (wanted,), order="updated_at DESC, operation_id", limit=limit)
 
+    async def newest(
+        self, *, status: str | None = None, before: tuple[datetime, str] | None = None, limit: int = 200
+    ) -> builtins.list[OperationRecord]:
+        """Operations newest first by (created_at, operation_id), strictly before `before` if given."""
+        where: list[str] = ["1"]
+        params: list[Any] = []
+        if status is not None:
+            where.append("status = ?")
+            params.append(Status(status).value)
+        if before is not None:
+            at = to_ms(before[0])
+            where.append("(created_at < ? OR (created_at = ? AND operation_id < ?))")
+            params += [at, at, before[1]]
+        order = "created_at DESC, operation_id DESC"
+        return await self._select(" AND ".join(where), tuple(params), order=order, limit=limit)
+
+    async def known_ids(self) -> set[str]:
+        """The ids of every operation the registry holds."""
+        rows = await self._db.execute_fetchall("SELECT operation_id FROM operations")
+        return {row[0] for row in rows}
+
     async def history(self, operation_id: str) -> builtins.list[HistoryEvent]:
         """The digest-only status history of one operation, oldest first."""
         sql = "SELECT seq, at, status, digest FROM status_history WHERE operation_id = ? ORDER BY seq"

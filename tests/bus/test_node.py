@@ -1,4 +1,4 @@
-"""The pure parts of a lab node (CONTRACT §15): subjects, broker access, operator requests, paging."""
+"""The pure parts of a lab node (CONTRACT §15): subjects, broker access, operator requests."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from connector.bus.node import (
     check_node,
     connect_options,
     is_loopback,
-    list_page,
     node_metadata,
     parse_broker_urls,
     parse_cancel,
@@ -116,19 +115,6 @@ def test_cancel_requests() -> None:
     with pytest.raises(SensoriumError) as raised:
         parse_cancel(b"{}")
     assert raised.value.code == "invalid-input"
-
-
-def test_pages_follow_the_cursor() -> None:
-    rows = [{"operation/id": f"op-{n}"} for n in range(5)]
-    first = list_page(rows, ListRequest(limit=2))
-    assert [r["operation/id"] for r in first["operations"]] == ["op-0", "op-1"]
-    assert first["next"] == "op-1"
-    second = list_page(rows, ListRequest(after=first["next"], limit=2))
-    assert [r["operation/id"] for r in second["operations"]] == ["op-2", "op-3"]
-    last = list_page(rows, ListRequest(after=second["next"], limit=2))
-    assert [r["operation/id"] for r in last["operations"]] == ["op-4"]
-    assert last["next"] is None
-    assert list_page(rows, ListRequest(after="gone"))["operations"] == []
 
 
 def test_a_refusal_is_the_error_only() -> None:

@@ -12,6 +12,7 @@ from connector.core.scope import (
     ScopeFilter,
     expand_uuid,
     normalise_service_type,
+    normalised_input,
     parse_discovery_input,
 )
 from connector.errors import AdmissionError
@@ -137,13 +138,18 @@ REFUSALS: list[tuple[dict[str, Any], list[str]]] = [
     ({**BASE, "filters": {"vid_pid": [{"vid": 1, "pid": 2}]}}, ["/input/filters/vid_pid: not-for-transport"]),
     ({**BASE, "filters": [CANARY]}, ["/input/filters: object", "/input/filters: at-least-one-filter"]),
     (
-        {**BASE, "filters": {"service_uuids": ["180d"]}},
-        ["/input/filters/service_uuids/0: uuid-128-lowercase"],
+        {**BASE, "filters": {"service_uuids": ["180"]}},
+        ["/input/filters/service_uuids/0: uuid"],
     ),
     (
-        {**BASE, "filters": {"service_uuids": [HR_UUID.upper()]}},
-        ["/input/filters/service_uuids/0: uuid-128-lowercase"],
+        {**BASE, "filters": {"service_uuids": [CANARY, 7]}},
+        ["/input/filters/service_uuids/0: uuid", "/input/filters/service_uuids/1: uuid"],
     ),
+    (
+        {**BASE, "filters": {"min_rssi_dbm": -90, "name_prefx": "x"}},
+        ["/input/filters/name_prefx: unknown-key"],
+    ),
+    ({**BASE, "window": 5}, ["/input/window: unknown-key"]),
     ({**BASE, "filters": {"service_uuids": []}}, ["/input/filters/service_uuids: min-items"]),
     ({**BASE, "filters": {"service_uuids": [HR_UUID] * 65}}, ["/input/filters/service_uuids: max-items"]),
     ({**BASE, "filters": {"service_uuids": HR_UUID}}, ["/input/filters/service_uuids: array"]),
@@ -180,11 +186,15 @@ REFUSALS: list[tuple[dict[str, Any], list[str]]] = [
             "window_seconds": 5,
             "filters": {"vid_pid": [{"vid": 1, "pid": 2, "x": 3}]},
         },
-        ["/input/filters/vid_pid/0: unknown-key"],
+        ["/input/filters/vid_pid/0/x: unknown-key"],
     ),
     (
-        {"transport": "usb-serial", "window_seconds": 5, "filters": {"vid_pid": ["0403:6001"]}},
-        ["/input/filters/vid_pid/0: object"],
+        {"transport": "usb-serial", "window_seconds": 5, "filters": {"vid_pid": ["0403-6001", 7]}},
+        ["/input/filters/vid_pid/0: vid-pid", "/input/filters/vid_pid/1: vid-pid"],
+    ),
+    (
+        {"transport": "usb-serial", "window_seconds": 5, "filters": {"vid_pid": ["10403:6001"]}},
+        ["/input/filters/vid_pid/0: vid-pid"],
     ),
     (
         {"transport": "mdns", "window_seconds": 5, "filters": {"service_types": ["http"]}},
@@ -335,3 +345,26 @@ def test_uuid_and_service_type_normalisation() -> None:
     assert expand_uuid("not-a-uuid") is None
     for spelling in ("_http._tcp", "_http._tcp.", "_HTTP._tcp.local", "_http._tcp.local."):
         assert normalise_service_type(spelling) == "_http._tcp.local."
+
+
+@pytest.mark.parametrize("form", ["180d", "180D", "0000180d", "0000180D", HR_UUID, HR_UUID.upper()])
+def test_every_uuid_form_is_admitted_as_lowercase_128_bit(form: str) -> None:
+    raw = {"transport": "ble", "window_seconds": 5, "filters": {"service_uuids": [form]}}
+    scope = parse_discovery_input(raw, profile())
+    assert scope.filters.service_uuids == (HR_UUID,)
+    assert normalised_input(raw, scope)["filters"]["service_uuids"] == [HR_UUID]
+
+
+def test_vid_pid_strings_and_objects_are_one_pair() -> None:
+    raw = {
+        "transport": "usb-serial",
+        "window_seconds": 5,
+        "filters": {"vid_pid": ["0403:6001", {"vid": 0x0403, "pid": 0x6001}, "2341:0043"]},
+        "exclusions": {"vid_pid": ["abcd:EF01"]},
+    }
+    scope = parse_discovery_input(raw, profile())
+    assert scope.filters.vid_pid == ((0x0403, 0x6001), (0x2341, 0x0043))
+    assert scope.exclusions is not None and scope.exclusions.vid_pid == ((0xABCD, 0xEF01),)
+    normal = normalised_input(raw, scope)
+    assert normal["filters"]["vid_pid"] == [{"vid": 0x0403, "pid": 0x6001}, {"vid": 0x2341, "pid": 0x0043}]
+    assert normal["exclusions"]["vid_pid"] == [{"vid": 0xABCD, "pid": 0xEF01}]

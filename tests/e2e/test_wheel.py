@@ -21,6 +21,7 @@ import pytest
 
 from connector.resources import version
 from tests.support.paths import REPO
+from tests.support.wheel import tracked_tree
 
 FIXTURE = REPO / "hw-fixtures" / "ble-heart-rate-lab.jsonl"
 
@@ -47,25 +48,6 @@ class Installed:
         )
 
 
-def _tracked_tree(target: Path) -> None:
-    """Copy what git tracks (plus new, not ignored files) - the tree a clean clone would build."""
-    try:
-        listed = subprocess.run(
-            ["git", "ls-files", "-co", "--exclude-standard", "-z"], cwd=REPO, capture_output=True, check=True
-        ).stdout.decode()
-    except (OSError, subprocess.CalledProcessError):  # no git here (an unpacked source tree)
-        shutil.copytree(REPO, target, dirs_exist_ok=True, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
-        return
-    for name in filter(None, listed.split("\0")):
-        source = REPO / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
-
-
-_NOT_SOURCE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".sensorium", ".*_cache")
-
-
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     """Build the wheel and install it into a fresh venv."""
@@ -73,7 +55,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
     source, dist, venv, empty = root / "src", root / "dist", root / "venv", root / "empty"
     for folder in (source, dist, empty):
         folder.mkdir()
-    _tracked_tree(source)
+    tracked_tree(source)
     pip = [sys.executable, "-m", "pip", "--disable-pip-version-check", "-q"]
     build = [*pip, "wheel", "--no-deps", "--no-build-isolation", "-w", str(dist), str(source)]
     subprocess.run(build, check=True, timeout=180, capture_output=True)

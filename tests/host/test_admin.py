@@ -37,6 +37,12 @@ VIEW_KEYS = {
     "updated_at",
     "bus_op",
     "metadata",
+    "route",
+    "action",
+    "transport",
+    "window_seconds",
+    "adapter",
+    "outcome",
 }
 
 

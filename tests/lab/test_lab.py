@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from connector.bus.node import NodeSubjects
@@ -144,6 +145,33 @@ def test_three_times_a_hundred_operations_listed_with_filters(lab: Lab) -> None:
         ("c", "cancelled")
     }
     assert page_rows(lab.view.page(status="expired")) == []
+
+
+def test_admin_list_answers_what_the_http_admin_list_answers(lab: Lab) -> None:
+    node = lab.nodes["b"]
+    subject = _subjects("b").admin_list
+    over_bus = request(lab.urls, lab.seeds["sniffer"], subject, {"limit": 5}, node.operator)
+    over_http = httpx.get(
+        node.base_url + "/v1/admin/deferred-operations",
+        params={"limit": 5},
+        headers={"Authorization": f"Bearer {node.operator}"},
+    ).json()
+    assert over_bus == over_http and len(over_bus["operations"]) == 5 and over_bus["next_after"]
+    following = request(
+        lab.urls, lab.seeds["sniffer"], subject, {"after": over_bus["next_after"]}, node.operator
+    )
+    assert not {r["operation/id"] for r in following["operations"]} & {
+        r["operation/id"] for r in over_bus["operations"]
+    }
+    for token, code in ((None, "unauthenticated"), ("wrong", "unauthenticated"), (node.caller, "forbidden")):
+        refused = request(lab.urls, lab.seeds["sniffer"], subject, {}, token)
+        assert list(refused) == ["error"] and refused["error"]["code"] == code
+    too_many = request(lab.urls, lab.seeds["sniffer"], subject, {"limit": 201}, node.operator)
+    assert too_many["error"]["code"] == "invalid-input"
+    cancel = request(
+        lab.urls, lab.seeds["sniffer"], _subjects("b").admin_cancel, {"operation/id": "nope"}, node.operator
+    )
+    assert cancel["error"]["code"] == "unknown-operation"
 
 
 def test_a_scan_on_node_b_is_seen_running_then_ended(lab: Lab) -> None:

@@ -136,6 +136,7 @@ MALFORMED: list[tuple[str, list[str], str]] = [
     ("rssi a bool", lines(advert(0, 1, rssi=True)), "line 2: /rssi: not-an-integer"),
     ("rssi out of range", lines(advert(0, 1, rssi=500)), "line 2: /rssi: out-of-range"),
     ("unknown key", lines(advert(0, 1, **{CANARY: 1})), "line 2: unknown-key"),
+    ("misspelt key", lines(advert(0, 1, rssi_dbm=-60)), "line 2: /rssi_dbm: unknown-key"),
     (
         "payload not hex",
         lines(advert(0, 1, manufacturer_data={"76": CANARY})),

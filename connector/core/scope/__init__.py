@@ -15,7 +15,13 @@ from connector.core.scope.model import (
     DiscoveryScope,
     ScopeFilter,
 )
-from connector.core.scope.parse import Problems, expand_uuid, normalise_service_type, parse_discovery_input
+from connector.core.scope.parse import (
+    Problems,
+    expand_uuid,
+    normalise_service_type,
+    normalised_input,
+    parse_discovery_input,
+)
 from connector.core.scope.redact import backend_filter_hint, redacted_scope
 
 __all__ = [
@@ -31,6 +37,7 @@ __all__ = [
     "matches_scope",
     "mdns_instance",
     "normalise_service_type",
+    "normalised_input",
     "parse_discovery_input",
     "redacted_scope",
     "scope_matcher",

@@ -1,7 +1,13 @@
 """Parsing a discovery `input` (SPEC 6.1): validate, clamp to the profile, refuse with every failing path.
 
 Refusals are `AdmissionError(code="invalid-input")` whose diagnostics name JSON paths and rule names only;
-a caller's value (or an unknown key name, which is caller text too) never appears in them.
+a caller's value never appears in them. An unknown key is named in its path when it has the shape of a key
+(`[a-z_][a-z0-9_]{0,63}`), so a caller can see which one failed; any other key text is left out.
+
+One filter language (CONTRACT §6.1): UUIDs as 128-bit strings or 16-/32-bit short forms in any case, and
+`vid_pid` elements as `{vid, pid}` objects or `"0403:6001"` strings, as the CLI writes them. Everything is
+normalised (lowercase 128-bit UUIDs, integer pairs) before admission, so the fingerprint, the admitted scope
+and every status show one canonical form.
 """
 
 from __future__ import annotations
@@ -32,6 +38,13 @@ _UUID128 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]
 _UUID_SHORT = re.compile(r"[0-9a-fA-F]{4}|[0-9a-fA-F]{8}")
 _SERVICE_TYPE = re.compile(r"_[a-z0-9][a-z0-9-]{0,62}\._(?:tcp|udp)(?:\.local)?\.?")
 _ADAPTER = re.compile(r"[A-Za-z0-9_.:-]{1,64}")
+_VID_PID = re.compile(r"([0-9a-fA-F]{1,4}):([0-9a-fA-F]{1,4})")
+_KEY_SHAPE = re.compile(r"[a-z_][a-z0-9_]{0,63}")
+
+
+def key_path(path: str, key: object) -> str:
+    """The path of an unknown key: named when it has the shape of a key, else its object's path."""
+    return f"{path}/{key}" if isinstance(key, str) and _KEY_SHAPE.fullmatch(key) else path
 
 
 class Problems:
@@ -118,10 +131,11 @@ def normalise_service_type(service_type: str) -> str:
 def _uuid_list(value: object, path: str, problems: Problems) -> tuple[str, ...]:
     found = []
     for item_path, item in _items(value, path, problems):
-        if isinstance(item, str) and _UUID128.fullmatch(item):
-            found.append(item)
+        expanded = expand_uuid(item) if isinstance(item, str) else None
+        if expanded is None:
+            problems.add(item_path, "uuid")
         else:
-            problems.add(item_path, "uuid-128-lowercase")
+            found.append(expanded)
     return _unique(found)
 
 
@@ -145,11 +159,17 @@ def _vid_pid_list(value: object, path: str, problems: Problems) -> tuple[tuple[i
 
 
 def _vid_pid(item: object, path: str, problems: Problems) -> tuple[int, int] | None:
+    if isinstance(item, str):
+        matched = _VID_PID.fullmatch(item)
+        if matched is None:
+            problems.add(path, "vid-pid")
+            return None
+        return int(matched[1], 16), int(matched[2], 16)
     if not isinstance(item, Mapping):
-        problems.add(path, "object")
+        problems.add(path, "vid-pid")
         return None
-    if set(item) - {"vid", "pid"}:
-        problems.add(path, "unknown-key")
+    for key in sorted(set(item) - {"vid", "pid"}, key=str):
+        problems.add(key_path(path, key), "unknown-key")
     values = []
     for key in ("vid", "pid"):
         if key not in item:
@@ -200,7 +220,7 @@ def _parse_filter(value: object, transport: Transport | None, path: str, problem
     fields: dict[str, Any] = {}
     for key, item in value.items():
         if key not in ALL_FILTER_KEYS:
-            problems.add(path, "unknown-key")
+            problems.add(key_path(path, key), "unknown-key")
         elif key not in allowed:
             problems.add(f"{path}/{key}", "not-for-transport")
         else:
@@ -249,8 +269,8 @@ def _parse_limits(raw: Mapping[str, Any], profile: DiscoveryProfile, problems: P
     if not isinstance(limits, Mapping):
         problems.add("/input/limits", "object")
         return candidates, snapshot_bytes
-    if set(limits) - set(LIMIT_KEYS):
-        problems.add("/input/limits", "unknown-key")
+    for key in sorted(set(limits) - set(LIMIT_KEYS), key=str):
+        problems.add(key_path("/input/limits", key), "unknown-key")
     if "max_candidates" in limits:
         value = _int_in(limits["max_candidates"], 1, 2**31, "/input/limits/max_candidates", problems)
         candidates = min(candidates, value) if value is not None else candidates
@@ -292,8 +312,8 @@ def parse_discovery_input(
     if not isinstance(raw, Mapping):
         problems.add("/input", "object")
         problems.raise_if_any()
-    if set(raw) - INPUT_KEYS:
-        problems.add("/input", "unknown-key")
+    for key in sorted(set(raw) - INPUT_KEYS, key=str):
+        problems.add(key_path("/input", key), "unknown-key")
     transport = _parse_transport(raw, profile, problems)
     window = _parse_window(raw, profile, timeout_ms, problems)
     max_candidates, max_snapshot_bytes = _parse_limits(raw, profile, problems)
@@ -316,6 +336,22 @@ def parse_discovery_input(
         adapter=adapter,
         cleanup_timeout_ms=profile.cleanup_timeout_ms,
     )
+
+
+def normalised_input(raw: Mapping[str, Any], scope: DiscoveryScope) -> dict[str, Any]:
+    """The admitted `input` with its UUIDs and `vid_pid` pairs in canonical form (for the fingerprint)."""
+    normal = dict(raw)
+    for name, parsed in (("filters", scope.filters), ("exclusions", scope.exclusions)):
+        given = raw.get(name)
+        if not isinstance(given, Mapping) or parsed is None:
+            continue
+        part = dict(given)
+        if "service_uuids" in part:
+            part["service_uuids"] = list(parsed.service_uuids)
+        if "vid_pid" in part:
+            part["vid_pid"] = [{"vid": vid, "pid": pid} for vid, pid in parsed.vid_pid]
+        normal[name] = part
+    return normal
 
 
 def expand_uuid(text: str) -> str | None:

@@ -49,6 +49,12 @@ def hostile_record(**changes: Any) -> dict[str, Any]:
             "scope": {"transport": "ble", "filters": {"name_prefix": CANARY}},
             "cleanup": {"state": "pending", "claim": "held"},
         },
+        "route": "host",
+        "action": "whisper.redaction.prepare",
+        "transport": "ble",
+        "window_seconds": None,
+        "adapter": "default",
+        "outcome": None,
         "progress": {"snapshot": {"candidates": [{"label": CANARY}]}},
         "result": {"json": CANARY},
         "continuation": {"context": CANARY},
@@ -64,7 +70,9 @@ class ScriptedViews:
     record: Mapping[str, Any]
     calls: list[tuple[str, str | None]] = field(default_factory=list)
 
-    async def operator_list(self, token: str | None, status: str | None) -> Done:
+    async def operator_list(
+        self, token: str | None, status: str | None = None, *, after: str | None = None, limit: int = 50
+    ) -> Done:
         self.calls.append(("list", status))
         return Done({"operations": [self.record, "not-a-record", 7]})
 
@@ -155,11 +163,16 @@ def test_the_status_badge_names_a_requested_cancellation() -> None:
 
 def test_terminal_statuses_and_outcomes() -> None:
     failed = operation_view(
-        hostile_record(status="failed", last_error="interrupted-by-restart", retry_after_seconds=None)
+        hostile_record(
+            status="failed",
+            last_error="interrupted-by-restart",
+            outcome="interrupted-by-restart",
+            retry_after_seconds=None,
+        )
     )
     assert failed.terminal and failed.status_text == "failed" and failed.retry_after == "-"
     assert failed.outcome == "interrupted-by-restart"
-    completed = operation_view(hostile_record(status="completed", metadata={"reason": "window-complete"}))
+    completed = operation_view(hostile_record(status="completed", outcome="window-complete"))
     assert completed.outcome == "window-complete" and completed.terminal
 
 
