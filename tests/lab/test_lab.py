@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from connector.bus.node import NodeSubjects
+from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS
 from tests.lab.conftest import Lab
 from tests.lab.support import (
     gather,
@@ -31,6 +32,9 @@ from tests.support.directives import scan_directive
 from tests.support.paths import REPO
 from tests.support.serving import cli_argv, cli_env
 
+ARTIFACTS = REPO / "test-artifacts"
+DESKTOP = {"width": 1280, "height": 900}
+PHONE = {"width": 390, "height": 844}
 pytestmark = [pytest.mark.serve, pytest.mark.lab, pytest.mark.timeout(600)]
 LISTED_PER_NODE = 100
 
@@ -172,6 +176,62 @@ def test_admin_list_answers_what_the_http_admin_list_answers(lab: Lab) -> None:
         lab.urls, lab.seeds["sniffer"], _subjects("b").admin_cancel, {"operation/id": "nope"}, node.operator
     )
     assert cancel["error"]["code"] == "unknown-operation"
+
+
+@pytest.mark.browser
+@pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
+def test_the_page_in_chromium_at_1280_and_390_px(lab: Lab) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    running = [_start(lab, "b", window=60), _start(lab, "c", window=60)]
+    base = lab.view.base_url
+    try:
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+            )
+            try:
+                page = browser.new_page(viewport=DESKTOP, java_script_enabled=False)
+                page.goto(f"{base}/lab")
+                assert page.url == f"{base}/lab/sign-in"
+                page.fill("#token", lab.lab_operator)
+                page.click("#sign-in")
+                assert page.url == f"{base}/lab"
+                cookie = next(c for c in page.context.cookies() if c["name"] == "sensorium_lab")
+                assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/lab"
+                page.wait_for_selector(
+                    f'tr[data-operation="{running[1]}"][data-status="running"]', timeout=10000
+                )
+                assert page.locator("#nodes li.reachable").count() == 3
+                _shoot(page, "lab-1280.png")
+                page.select_option("#node", "b")
+                page.click("#filter")
+                assert page.url == f"{base}/lab?node=b&status="
+                assert set(
+                    page.eval_on_selector_all(
+                        "#operations tr[data-node]", "rows => rows.map(r => r.dataset.node)"
+                    )
+                ) == {"b"}
+                page.goto(f"{base}/lab")
+                page.set_viewport_size(PHONE)
+                page.reload()
+                assert not page.evaluate(
+                    "document.documentElement.scrollWidth > document.documentElement.clientWidth"
+                )
+                _shoot(page, "lab-390.png")
+            finally:
+                browser.close()
+    finally:
+        for node, op in zip(("b", "c"), running, strict=True):
+            request(
+                lab.urls, lab.seeds["caller"], _subjects(node).ops.cancel, {"op": op}, lab.nodes[node].caller
+            )
+
+
+def _shoot(page: Any, name: str) -> None:
+    """A viewport screenshot into test-artifacts/ (docs/lab/ keeps copies for docs/LAB.md)."""
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / name))
+    assert (ARTIFACTS / name).stat().st_size > 0
 
 
 def test_a_scan_on_node_b_is_seen_running_then_ended(lab: Lab) -> None:
