@@ -44,7 +44,7 @@ NODES = ("a", "b", "c")
 FILTERS = {
     "ble": {"service_uuids": ["0000180d-0000-1000-8000-00805f9b34fb"]},
     "mdns": {"service_types": ["_http._tcp.local."]},
-    "usb-serial": {},
+    "usb-serial": {"vid_pid": [{"vid": 0x1209, "pid": 1}]},
 }
 PAGE_TARGET_MS, DONE_TARGET_MS = 300.0, 1000.0
 _LAB_URL = re.compile(r"lab serving on (http://[0-9.]+:[0-9]+)/lab")
@@ -107,8 +107,11 @@ async def fill(url: str, node: str, token: str, count: int) -> None:
                 reply = json.loads(
                     (await nc.request(f"sensorium-os.{node}.op.start", body, 10, headers=headers)).data
                 )
-                if "error" not in reply:
+                code = reply.get("error", {}).get("code")
+                if code is None:
                     break
+                if code != "transport-claimed":
+                    raise RuntimeError(f"op.start refused: {code}")
                 await asyncio.sleep(0.02)  # the previous scan's stop is being confirmed (transport-claimed)
             cancel = json.dumps({"op": reply["op"]}).encode()
             await nc.request(f"sensorium-os.{node}.op.cancel", cancel, 10, headers=headers)

@@ -291,4 +291,4 @@ def extra_routers(assembled: Assembled) -> list[Any]:
     ]
 
 
-__all__ = ["EXIT_OK", "EXIT_USAGE", "register", "run"]
+__all__ = ["EXIT_OK", "EXIT_USAGE", "known_adapters", "register", "run"]

@@ -10,6 +10,7 @@ Rules of this file:
 
 from __future__ import annotations
 
+import secrets
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
@@ -96,7 +97,7 @@ class LabPage:
 
     def sign_in_page(self, problem: str | None = None, status_code: int = 200) -> HTMLResponse:
         """The sign-in form with a fresh double-submit nonce."""
-        nonce = console.secrets.token_urlsafe(32)
+        nonce = secrets.token_urlsafe(32)
         response = self.render("sign_in.html", status_code, sign_in_nonce=nonce, problem=problem)
         console._set_cookie(response, SIGN_IN_COOKIE, nonce, path=SIGN_IN_PATH, max_age=900)
         return response

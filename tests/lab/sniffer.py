@@ -8,6 +8,7 @@ import signal
 import sys
 
 import nats
+from nats.aio.msg import Msg
 
 
 async def main(urls: str, seed: str, out_path: str) -> None:
@@ -17,7 +18,7 @@ async def main(urls: str, seed: str, out_path: str) -> None:
     asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, stop.set)
     with open(out_path, "a", encoding="utf-8") as out:
 
-        async def on_message(msg: nats.aio.msg.Msg) -> None:
+        async def on_message(msg: Msg) -> None:
             data = msg.data.decode("utf-8", errors="replace")
             out.write(json.dumps({"subject": msg.subject, "headers": msg.headers, "data": data}) + "\n")
             out.flush()

@@ -21,6 +21,7 @@ from typing import Any
 import httpx
 import nats
 import nkeys
+from nats.aio.client import Client
 
 from tests.bus.broker import nats_server_binary
 from tests.support.paths import REPO
@@ -147,7 +148,7 @@ def start_cluster(root: Path, seeds: Mapping[str, Path]) -> list[ClusterServer]:
 # ---- NATS requests from the test -----------------------------------------------------------------------
 
 
-async def _connect(urls: str, seed: Path, **options: Any) -> nats.NATS:
+async def _connect(urls: str, seed: Path, **options: Any) -> Client:
     return await nats.connect(servers=urls.split(","), nkeys_seed=str(seed), connect_timeout=3, **options)
 
 

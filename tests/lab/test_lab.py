@@ -8,6 +8,7 @@ import asyncio
 import json
 import subprocess
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -83,7 +84,7 @@ def _post_cancel(view: Any, node: str, op: str) -> str:
     csrf = html.split('name="csrf_token" value="', 1)[1].split('"', 1)[0]
     answer = view.client.post("/lab/cancel", data={"csrf_token": csrf, "node": node, "operation": op})
     assert answer.status_code == 303
-    notice = view.page().split('id="notice">', 1)[1].split("</p>", 1)[0]
+    notice: str = view.page().split('id="notice">', 1)[1].split("</p>", 1)[0]
     return notice
 
 
@@ -122,10 +123,12 @@ def test_discovery_shows_every_node_with_its_metadata_and_counters(lab: Lab) -> 
             for s in gather(lab.urls, lab.seeds["sniffer"], "$SRV.STATS.sensorium-os")
             if s["endpoints"][0]["subject"].startswith("sensorium-os.a.")
         ]
-        return next(e["num_requests"] for e in stats["endpoints"] if e["name"] == "op-get")
+        return int(next(e["num_requests"] for e in stats["endpoints"] if e["name"] == "op-get"))
 
     before = op_get_requests()
-    calls = [(_subjects("a").ops.get, {"op": f"nothing-{n}"}, lab.nodes["a"].caller) for n in range(3)]
+    calls: list[tuple[str, Mapping[str, Any], str | None]] = [
+        (_subjects("a").ops.get, {"op": f"nothing-{n}"}, lab.nodes["a"].caller) for n in range(3)
+    ]
     assert all(r["state"] == "unknown" for r in requests(lab.urls, lab.seeds["caller"], calls))
     assert op_get_requests() == before + 3
 
