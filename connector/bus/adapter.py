@@ -66,6 +66,7 @@ from connector.bus.node import (
     NodeSubjects,
     admin_refusal,
     connect_options,
+    micro_version,
     parse_cancel,
     parse_list,
 )
@@ -271,7 +272,7 @@ class BusAdapter:
         """The `sensorium-os` micro service: one endpoint per request subject, with the node's metadata."""
         config = ServiceConfig(
             name=MICRO_NAME,
-            version=self.settings.version,
+            version=micro_version(self.settings.version),
             description="sensorium-os connector node",
             metadata=dict(self.settings.metadata or {}),
         )

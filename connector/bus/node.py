@@ -27,6 +27,7 @@ ADMIN_LIST_MAX: Final = 200
 MICRO_NAME: Final = DEFAULT_SERVICE
 _LIST_FIELDS: Final = frozenset({"status", "after", "limit"})
 _CANCEL_FIELDS: Final = frozenset({"operation/id"})
+_SEMVER: Final = re.compile(r"(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)\.(0|[1-9][0-9]*)")
 _CREDS_MARK: Final = "-----BEGIN NATS USER JWT-----"
 
 
@@ -100,6 +101,12 @@ def connect_options(access: BrokerAccess) -> dict[str, Any]:
     if access.tls_ca is not None:
         options["tls"] = ssl.create_default_context(cafile=str(access.tls_ca))
     return options
+
+
+def micro_version(version: str) -> str:
+    """The micro service's version: the package's when it is semantic (`1.2.3`), else `0.0.0` (metadata keeps
+    the package's own)."""
+    return version if _SEMVER.fullmatch(version) else "0.0.0"
 
 
 def node_metadata(node: str, version: str, adapters: Mapping[str, str]) -> dict[str, str]:

@@ -15,6 +15,7 @@ from connector.bus.node import (
     check_node,
     connect_options,
     is_loopback,
+    micro_version,
     node_metadata,
     parse_broker_urls,
     parse_cancel,
@@ -121,3 +122,8 @@ def test_a_refusal_is_the_error_only() -> None:
     body = admin_refusal(SensoriumError("no", code="unauthenticated"))
     assert list(body) == ["error"]
     assert body["error"]["schema"] == "sensorium-error.v1"
+
+
+def test_the_micro_version_is_semantic() -> None:
+    assert micro_version("0.1.0") == "0.1.0"
+    assert micro_version("0.1.0.dev3+g1234") == "0.0.0"

@@ -181,8 +181,8 @@ def request(
     return requests(urls, seed, [(subject, body, token)])[0]
 
 
-async def _gather(urls: str, seed: Path, subject: str, wait: float) -> list[dict[str, Any]]:
-    nc = await _connect(urls, seed)
+async def _gather(urls: str, seed: Path, subject: str, wait: float, **options: Any) -> list[dict[str, Any]]:
+    nc = await _connect(urls, seed, **options)
     try:
         inbox, answers = nc.new_inbox(), []
 
@@ -198,9 +198,9 @@ async def _gather(urls: str, seed: Path, subject: str, wait: float) -> list[dict
         await nc.close()
 
 
-def gather(urls: str, seed: Path, subject: str, wait: float = 1.0) -> list[dict[str, Any]]:
-    """Every answer to a `$SRV.*` request within `wait` seconds."""
-    return asyncio.run(_gather(urls, seed, subject, wait))
+def gather(urls: str, seed: Path, subject: str, wait: float = 1.0, **options: Any) -> list[dict[str, Any]]:
+    """Every answer to a `$SRV.*` request within `wait` seconds (`options`: nats-py `connect` keywords)."""
+    return asyncio.run(_gather(urls, seed, subject, wait, **options))
 
 
 async def _violations(urls: str, seed: Path, subscribe: list[str], publish: list[str]) -> list[str]:
