@@ -54,6 +54,7 @@ class NodeLine:
     reachable: bool
     unreachable_since: datetime | None
     live: int
+    refusal: str = ""  # the error code the node answered the view's last listing with, if it refused
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,6 +71,7 @@ class _Node:
     info: NodeInfo
     last_answer: datetime
     listed: bool = False
+    refusal: str = ""
     rows: dict[str, LabRow] = field(default_factory=dict)
 
 
@@ -188,7 +190,13 @@ class LabTable:
             return
         rows = (row_of(name, document) for document in documents)
         node.rows = {row.operation_id: row for row in rows if row is not None}
-        node.listed = True
+        node.listed, node.refusal = True, ""
+
+    def refused(self, name: str, code: str) -> None:
+        """The node refused the view's listing (a wrong or revoked token): shown on its line, retried."""
+        node = self._nodes.get(name)
+        if node is not None:
+            node.refusal = _text(code)
 
     def done(self, name: str, message: Mapping[str, Any]) -> bool:
         """An `op.done` of a node: the row takes its status and outcome; True when a row changed."""
@@ -242,6 +250,7 @@ class LabTable:
                 reachable=self.reachable(name, now),
                 unreachable_since=self.unreachable_since(name, now),
                 live=sum(1 for row in node.rows.values() if row.status in LIVE_STATUSES),
+                refusal=node.refusal,
             )
             for name, node in sorted(self._nodes.items())
         ]

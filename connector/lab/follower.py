@@ -155,6 +155,9 @@ class LabFollower:
                 request["after"] = after
             page = await self._ask(NodeSubjects.of(self.settings.service, name).admin_list, token, request)
             if page is None or not isinstance(page.get("operations"), list):
+                error = page.get("error") if page is not None else None
+                if isinstance(error, dict):
+                    self.table.refused(name, str(error.get("code")))
                 return  # listed again at its next answer
             rows += page["operations"]
             after = page.get("next_after")
@@ -177,9 +180,6 @@ class LabFollower:
             return None
         if not isinstance(answer, dict):
             return None
-        error_body = answer.get("error")
-        if isinstance(error_body, dict):
-            _log.info("a node refused the lab: %s", error_body.get("code"))
         return answer
 
     async def cancel(self, name: str, operation_id: str) -> dict[str, Any]:

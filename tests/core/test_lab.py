@@ -127,3 +127,13 @@ def test_the_newest_page_merges_into_a_listed_node() -> None:
     }
     assert table.fresh(T0) == ["a"]
     assert table.fresh(T0 + timedelta(seconds=10)) == []  # unreachable: not asked
+
+
+def test_a_refused_listing_shows_on_the_line_until_a_listing_succeeds() -> None:
+    table = LabTable()
+    table.answered(_info("a"), T0)
+    table.refused("a", "unauthenticated")
+    assert table.lines(T0)[0].refusal == "unauthenticated"
+    assert table.due() == ["a"]  # asked again at its next answer
+    table.listed("a", [])
+    assert table.lines(T0)[0].refusal == ""
