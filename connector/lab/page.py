@@ -15,6 +15,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any, Final
+from urllib.parse import urlencode
 
 from fastapi import APIRouter, FastAPI, Request
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
@@ -34,6 +35,8 @@ SIGN_IN_PATH: Final = "/lab/sign-in"
 SESSION_COOKIE: Final = "sensorium_lab"
 SIGN_IN_COOKIE: Final = "sensorium_lab_sign_in"
 REFRESH_SECONDS: Final = 2
+# Rows per page of the table: a lab holds thousands of operations, a page stays quick to render and to read.
+PAGE_ROWS: Final = 200
 _CONSOLE_CSS = Path(console.__file__).resolve().parent / "static" / "console.css"
 _LAB_CSS = Path(__file__).resolve().parent / "static" / "lab.css"
 
@@ -144,13 +147,24 @@ class LabPage:
         if status is not None and status not in STATUSES:
             status = None
         now = self.clock()
+        rows = self.table.table(now, node=node, status=status)
+        pages = max(1, -(-len(rows) // PAGE_ROWS))
+        number = min(_page_number(request.query_params.get("page")), pages)
+        shown = rows[(number - 1) * PAGE_ROWS : number * PAGE_ROWS]
+        query = {"node": node or "", "status": status or ""}
         return self.render(
             "lab.html",
             operator=session.principal_id,
             csrf_token=session.csrf_token,
             notice=self.sessions.take_notice(cookie),
             lines=self.table.lines(now),
-            rows=self.table.table(now, node=node, status=status),
+            rows=shown,
+            total=len(rows),
+            first=(number - 1) * PAGE_ROWS + 1,
+            page=number,
+            pages=pages,
+            previous_href=_page_href(query, number - 1) if number > 1 else None,
+            next_href=_page_href(query, number + 1) if number < pages else None,
             nodes=self.table.nodes(),
             statuses=STATUSES,
             selected_node=node or "",
@@ -172,6 +186,18 @@ class LabPage:
         self.audit.append(AuditEntry(self.clock(), session.principal_id, node, operation_id, text))
         self.sessions.put_notice(cookie, f"Cancel forwarded to node {node}; the node answered: {text}.")
         return _redirect(LAB_PATH)
+
+
+def _page_number(value: str | None) -> int:
+    """A 1-based page number from the query (anything else is page 1)."""
+    return (
+        int(value) if value is not None and value.isdigit() and 0 < len(value) < 7 and int(value) > 0 else 1
+    )
+
+
+def _page_href(query: dict[str, str], number: int) -> str:
+    """The link to another page of the same filters."""
+    return f"{LAB_PATH}?{urlencode({**query, 'page': str(number)})}"
 
 
 def _redirect(path: str) -> RedirectResponse:

@@ -386,3 +386,21 @@ def wait_page(view: LabView, check: Any, timeout: float, **query: str) -> tuple[
         if time.monotonic() - started > timeout:
             raise AssertionError(f"the page did not show it within {timeout} s")
         time.sleep(0.1)
+
+
+def page_total(html: str) -> int:
+    """How many rows the table holds over all its pages (0 without any)."""
+    found = re.search(r'id="count" data-total="([0-9]+)"', html)
+    return int(found.group(1)) if found else 0
+
+
+def all_rows(view: LabView, **query: str) -> list[PageRow]:
+    """Every row of the table, page after page."""
+    rows: list[PageRow] = []
+    number = 1
+    while True:
+        html = view.page(**query, page=str(number))
+        rows += page_rows(html)
+        if 'id="next"' not in html:
+            return rows
+        number += 1

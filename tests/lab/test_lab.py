@@ -19,9 +19,11 @@ from connector.bus.node import NodeSubjects
 from tests.e2e.test_browser import CHROMIUM, CHROMIUM_ARGS
 from tests.lab.conftest import Lab
 from tests.lab.support import (
+    all_rows,
     gather,
     page_lines,
     page_rows,
+    page_total,
     request,
     requests,
     start_lab,
@@ -136,15 +138,13 @@ def test_discovery_shows_every_node_with_its_metadata_and_counters(lab: Lab) -> 
 def test_three_times_a_hundred_operations_listed_with_filters(lab: Lab) -> None:
     asyncio.run(_fill(lab))
 
-    def all_listed(html: str) -> bool:
-        rows = page_rows(html)
-        return all(
-            sum(1 for r in rows if r.node == n and r.status == "cancelled") >= LISTED_PER_NODE for n in "abc"
+    for node in "abc":
+        wait_page(
+            lab.view, lambda h: page_total(h) >= LISTED_PER_NODE, timeout=30, node=node, status="cancelled"
         )
-
-    html, _ = wait_page(lab.view, all_listed, timeout=30)
-    rows = page_rows(html)
+    rows = all_rows(lab.view)
     assert len({(r.node, r.operation_id) for r in rows}) == len(rows) >= 3 * LISTED_PER_NODE
+    assert {r.node for r in rows} == {"a", "b", "c"}
     only_b = page_rows(lab.view.page(node="b"))
     assert only_b and {r.node for r in only_b} == {"b"}
     cancelled_c = page_rows(lab.view.page(node="c", status="cancelled"))
@@ -248,7 +248,10 @@ def test_a_scan_on_node_b_is_seen_running_then_ended(lab: Lab) -> None:
 def test_a_cancel_from_the_view_reaches_the_owning_node(lab: Lab) -> None:
     op = _start(lab, "c", window=60)
     wait_page(
-        lab.view, lambda h: any(r.operation_id == op and r.status == "running" for r in page_rows(h)), 10
+        lab.view,
+        lambda h: any(r.operation_id == op and r.status == "running" for r in page_rows(h)),
+        10,
+        node="c",
     )
     notice = _post_cancel(lab.view, "c", op)
     # The node answers with the status after the request; its confirmed cancel then reaches the row.
@@ -257,7 +260,10 @@ def test_a_cancel_from_the_view_reaches_the_owning_node(lab: Lab) -> None:
         "Cancel forwarded to node c; the node answered: status cancelled, cancellation confirmed.",
     ), notice
     wait_page(
-        lab.view, lambda h: any(r.operation_id == op and r.status == "cancelled" for r in page_rows(h)), 10
+        lab.view,
+        lambda h: any(r.operation_id == op and r.status == "cancelled" for r in page_rows(h)),
+        10,
+        node="c",
     )
     got = request(lab.urls, lab.seeds["caller"], _subjects("c").ops.get, {"op": op}, lab.nodes["c"].caller)
     assert got["state"] == "cancelled"
@@ -323,12 +329,12 @@ def test_the_permissions_refuse_what_they_should(lab: Lab) -> None:
 
 
 def test_one_nats_server_killed_nodes_and_view_reconnect_to_the_other(lab: Lab) -> None:
-    before = {(r.node, r.operation_id) for r in page_rows(lab.view.page())}
+    before = {(r.node, r.operation_id) for r in all_rows(lab.view)}
     lab.servers[0].kill()  # not restarted: the survivor carries the rest of the module
     op = _start_on_survivor(lab, "c", window=1)
     done = lambda h: any(r.operation_id == op and r.status == "completed" for r in page_rows(h))  # noqa: E731
-    html, _ = wait_page(lab.view, done, timeout=30)
-    assert before <= {(r.node, r.operation_id) for r in page_rows(html)}  # nothing lost
+    html, _ = wait_page(lab.view, done, timeout=30, node="c")
+    assert before <= {(r.node, r.operation_id) for r in all_rows(lab.view)}  # nothing lost
     assert not any("unreachable" in line for line in page_lines(html).values())
 
 
@@ -336,19 +342,27 @@ def test_a_node_killed_mid_scan_turns_unreachable_and_reports_its_restart(lab: L
     node = lab.nodes["a"]
     op = _start(lab, "a", window=60)
     wait_page(
-        lab.view, lambda h: any(r.operation_id == op and r.status == "running" for r in page_rows(h)), 10
+        lab.view,
+        lambda h: any(r.operation_id == op and r.status == "running" for r in page_rows(h)),
+        10,
+        node="a",
     )
     assert node.process is not None
     node.process.kill9()
     killed = time.monotonic()
-    html, _ = wait_page(lab.view, lambda h: "unreachable since" in page_lines(h).get("a", ""), timeout=15)
+    html, _ = wait_page(
+        lab.view, lambda h: "unreachable since" in page_lines(h).get("a", ""), timeout=15, node="a"
+    )
     assert time.monotonic() - killed <= 10 + 1.5  # the 10 s rule, plus one ping interval and a page read
     row = next(r for r in page_rows(html) if r.operation_id == op)
     assert row.unreachable and row.status == "running"  # kept, marked; the view ends nothing itself
     # The others keep updating meanwhile.
     other = _start(lab, "b", window=1)
     wait_page(
-        lab.view, lambda h: any(r.operation_id == other and r.status == "completed" for r in page_rows(h)), 15
+        lab.view,
+        lambda h: any(r.operation_id == other and r.status == "completed" for r in page_rows(h)),
+        15,
+        node="b",
     )
     node.start()
     back = time.monotonic()
@@ -357,7 +371,7 @@ def test_a_node_killed_mid_scan_turns_unreachable_and_reports_its_restart(lab: L
         for r in page_rows(h)
     )
     try:
-        wait_page(lab.view, interrupted, timeout=10)
+        wait_page(lab.view, interrupted, timeout=10, node="a")
         assert time.monotonic() - back <= 5
     finally:
         node.process.stop()  # the restarted process is this test's child
