@@ -244,9 +244,11 @@ async def _open_runtime(
     interrupted = await commands.recover(clock())
     if interrupted:
         _log.info("marked %d interrupted command operations", len(interrupted))
-    marked = await state.interrupt_discoveries(to_ms(clock()), format_ms(to_ms(clock())))
-    if marked:
-        _log.info("marked %d discovery operations ended by the restart", marked)
+    interrupted_scans, erased = await state.interrupt_discoveries(to_ms(clock()), format_ms(to_ms(clock())))
+    if interrupted_scans:  # only what the restart changed: scans that were running when it came
+        _log.info("marked %d running discovery operations interrupted by the restart", interrupted_scans)
+    if erased:
+        _log.info("erased %d retained scan results (memory only: the restart dropped them)", erased)
     discovery = await stack.enter_async_context(
         DiscoveryManager(
             clock=lambda: to_ms(clock()),  # the one clock, in the runtime's milliseconds

@@ -26,4 +26,12 @@ if [ ! -f "$stamp" ] || ! cmp -s requirements.lock "$stamp"; then
   .venv/bin/python -m pip install -q --disable-pip-version-check -r requirements.lock
   cp requirements.lock "$stamp"
 fi
-.venv/bin/python -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e . >/dev/null
+# The editable install again only when the build configuration changed; setuptools' informational warnings
+# (beta `[tool.setuptools]`, folders named like the package) are silenced: they repeat on every start.
+built=.venv/.editable-installed
+config_digest=$(cat pyproject.toml setup.py | sha256sum | cut -d' ' -f1)
+if [ ! -f "$built" ] || [ "$(cat "$built")" != "$config_digest" ] || ! .venv/bin/python -c 'import connector' 2>/dev/null; then
+  PYTHONWARNINGS=ignore .venv/bin/python -m pip install -q --disable-pip-version-check --no-deps \
+    --no-build-isolation -e . >/dev/null
+  echo "$config_digest" > "$built"
+fi

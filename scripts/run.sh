@@ -7,6 +7,17 @@
 # SENSORIUM_DATA_DIR chooses another state directory (tests use it to stay out of .sensorium/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+case "${1:-}" in
+  -h|--help)  # help only: no bootstrap, no data dir, no tokens
+    sed -n '2,7s/^# \{0,1\}//p' "$0"
+    echo
+    if [ -x .venv/bin/sensorium-connector ]; then
+      echo "the arguments \`sensorium-connector serve\` takes:"
+      .venv/bin/sensorium-connector serve --help
+    fi
+    exit 0
+    ;;
+esac
 scripts/bootstrap.sh
 data_dir=${SENSORIUM_DATA_DIR:-.sensorium}
 mkdir -p "$data_dir"

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+import unicodedata
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
@@ -40,6 +41,7 @@ from connector.core.scope import ALL_FILTER_KEYS
 from connector.errors import SensoriumError
 from connector.service.answers import Done, public_refusal
 from connector.service.operations import AdapterClaim, ConnectorOperations
+from providers.ble_names import company_label, uuid_label
 
 SESSION_COOKIE: Final = "sensorium_console"
 SIGN_IN_COOKIE: Final = "sensorium_console_sign_in"
@@ -50,6 +52,11 @@ ADAPTERS_PATH: Final = "/admin/adapters"
 # Seconds between self-refreshes of pages that show running work or a cleanup still in doubt.
 LIST_REFRESH_SECONDS: Final = 5
 DETAIL_REFRESH_SECONDS: Final = 2
+# The scope values CONTRACT §7 keeps in durable metadata; every other key is shown by its name only.
+_KEPT_VALUES: Final = frozenset(
+    {"service_uuids", "manufacturer_ids", "vid_pid", "service_types", "min_rssi_dbm"}
+)
+_SCOPE_VALUES: Final = 8  # values of one filter a detail page names; the rest are counted
 PAGE_SIZE: Final = 200  # the most the host's listing hands out at once (CONTRACT §9)
 IDLE_TIMEOUT: Final = timedelta(hours=8)
 ABSOLUTE_TIMEOUT: Final = timedelta(hours=24)
@@ -68,6 +75,8 @@ STATUSES: Final = (
 )
 TERMINAL: Final = frozenset(STATUSES[2:])
 _MAX_TEXT = 256
+# Characters a page would render invisibly or that reorder text (bidi overrides are `Cf`).
+_HIDDEN_CATEGORIES: Final = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
 _STATIC = Path(__file__).resolve().parent / "static"
 
 SECURITY_HEADERS: Final[Mapping[str, str]] = {
@@ -239,6 +248,16 @@ class OperationView:
     scope: str = ""
 
     @property
+    def short_id(self) -> str:
+        """The last 8 characters: what tells two operations apart in a list."""
+        return self.operation_id[-8:]
+
+    @property
+    def id_head(self) -> str:
+        """The rest of the id, kept in the page (for copy and screen readers) but not shown in lists."""
+        return self.operation_id[:-8]
+
+    @property
     def live(self) -> bool:
         """True while the page should refresh: running work, or a cleanup not yet confirmed."""
         return not self.terminal or self.cleanup_state in ("pending", "uncertain")
@@ -255,14 +274,33 @@ class HistoryView:
 
 
 def _text(value: Any) -> str:
-    """A scalar as bounded text; anything structured is not shown."""
+    """A scalar as bounded, visible text; anything structured is not shown."""
     if value is None or isinstance(value, (dict, list, tuple, set)):
         return ""
     if isinstance(value, bool):
         return "yes" if value else "no"
     if isinstance(value, (int, str)):
-        return str(value)[:_MAX_TEXT]
+        return visible(str(value)[:_MAX_TEXT])
     return ""
+
+
+def visible(text: str) -> str:
+    """Caller text that cannot mislead: C0 controls and DEL as their control pictures (ESC as `␛`), and
+    format, bidi and other invisible characters (U+202E, U+200B, C1 controls) as `\\uXXXX`."""
+    if text.isprintable():
+        return text
+    shown = []
+    for char in text:
+        point = ord(char)
+        if point < 0x20:
+            shown.append(chr(0x2400 + point))
+        elif point == 0x7F:
+            shown.append("\u2421")
+        elif unicodedata.category(char) in _HIDDEN_CATEGORIES:
+            shown.append(f"\\u{point:04x}")
+        else:
+            shown.append(char)
+    return "".join(shown)
 
 
 def _mapping(value: Any) -> Mapping[str, Any]:
@@ -318,20 +356,17 @@ def _columns(record: Mapping[str, Any]) -> tuple[str, str, str]:
 
 
 def _scope_text(metadata: Mapping[str, Any]) -> str:
-    """Which filter keys a scan used (how many values; prefixes only by name), exclusions and limits."""
+    """Which filters a scan used: kept values by name and number (`Heart Rate (180d)`), prefixes only by key
+    name, exclusions and limits."""
     scope = metadata.get("scope")
     if not isinstance(scope, Mapping):
         return ""
     filters = _mapping(scope.get("filters"))
-    parts = [
-        f"{key} ({len(value)} value{'s' if len(value) != 1 else ''})" if isinstance(value, list) else key
-        for key, value in filters.items()
-        if key in ALL_FILTER_KEYS
-    ]
+    parts = [_filter_text(key, value) for key, value in filters.items() if key in ALL_FILTER_KEYS]
     redacted = scope.get("filters_redacted")
     if isinstance(redacted, list):
         parts += [f"{key} (value not kept)" for key in redacted if key in ALL_FILTER_KEYS]
-    text = "filters: " + (", ".join(parts) or "none")
+    text = "filters: " + ("; ".join(parts) or "none")
     exclusions = scope.get("exclusions")
     if isinstance(exclusions, list) and exclusions:
         text += "; excluding by " + ", ".join(key for key in exclusions if key in ALL_FILTER_KEYS)
@@ -339,6 +374,32 @@ def _scope_text(metadata: Mapping[str, Any]) -> str:
     if isinstance(limit, int) and not isinstance(limit, bool):
         text += f"; at most {limit} candidates"
     return text
+
+
+def _filter_text(key: str, value: Any) -> str:
+    """One filter of a redacted scope: the values CONTRACT §7 keeps, named where bleak's tables know them;
+    any other key by its name only (whatever the metadata holds)."""
+    if key not in _KEPT_VALUES:
+        if not isinstance(value, list):
+            return key
+        return f"{key} ({len(value)} value{'s' if len(value) != 1 else ''})"
+    if not isinstance(value, list):
+        return f"{key} {_text(value)}" if isinstance(value, int) and not isinstance(value, bool) else key
+    shown = [_filter_value(key, item) for item in value[:_SCOPE_VALUES]]
+    more = f" and {len(value) - _SCOPE_VALUES} more" if len(value) > _SCOPE_VALUES else ""
+    return f"{key}: {', '.join(shown)}{more}"
+
+
+def _filter_value(key: str, item: Any) -> str:
+    if key == "service_uuids" and isinstance(item, str):
+        return visible(uuid_label(item[:64]))
+    if key == "manufacturer_ids" and isinstance(item, int) and not isinstance(item, bool):
+        return company_label(item)
+    if key == "vid_pid" and isinstance(item, Mapping):
+        vid, pid = item.get("vid"), item.get("pid")
+        if isinstance(vid, int) and isinstance(pid, int):
+            return f"{vid:04x}:{pid:04x}"
+    return _text(item) if not isinstance(item, (dict, list)) else "?"
 
 
 def operation_view(record: Mapping[str, Any]) -> OperationView:
@@ -351,6 +412,8 @@ def operation_view(record: Mapping[str, Any]) -> OperationView:
     status = _text(record.get("status"))
     status_text, status_class = _status_text(status, cancellation)
     cancelable, cancelability = _cancelability(record)
+    if status_class == "cancelling":
+        cancelable, cancelability = False, "no: cancellation already requested"
     retry = record.get("retry_after_seconds")
     disclosed = metadata.get("disclosed_count")
     operation_id = _text(record.get("operation/id"))
@@ -408,6 +471,31 @@ def breakable(value: Any) -> Markup:
     return Markup(":<wbr>").join(escape(part) for part in str(value).split(":"))
 
 
+def relative_time(value: Any, now: datetime | None) -> Markup:
+    """A `<time>` reading `3 min ago` (or `in 5 min`) with the absolute time on hover; `-` for none."""
+    text = _text(value)
+    if not text or text == "-":
+        return Markup("-")
+    try:
+        moment = datetime.fromisoformat(text.replace("Z", "+00:00"))
+    except ValueError:
+        return Markup(escape(text))
+    shown = text if now is None else _ago(int((now - moment).total_seconds()))
+    return Markup('<time datetime="{0}" title="{0}">{1}</time>').format(text, shown)
+
+
+def _ago(seconds: int) -> str:
+    """`12 s ago`, `3 min ago`, `2 h ago`, `4 d ago`; a future moment as `in ...`."""
+    span = abs(seconds)
+    for unit, size in (("d", 86400), ("h", 3600), ("min", 60)):
+        if span >= size:
+            amount = f"{span // size} {unit}"
+            break
+    else:
+        amount = f"{span} s"
+    return f"{amount} ago" if seconds >= 0 else f"in {amount}"
+
+
 def _environment() -> Environment:
     """Jinja2 over the package's templates, autoescaping everything, failing on undefined names."""
     environment = Environment(
@@ -418,6 +506,7 @@ def _environment() -> Environment:
         lstrip_blocks=True,
     )
     environment.filters["breakable"] = breakable
+    environment.filters["relative"] = relative_time
     return environment
 
 
@@ -469,9 +558,11 @@ class _Console:
         clock: Callable[[], datetime],
         sessions: ConsoleSessions,
         operations: ConnectorOperations | None = None,
+        backends: Mapping[str, str] | None = None,
     ) -> None:
         self.host = host
         self.operations = operations
+        self.banner = backend_banner(backends or {})
         self.authenticate = authenticate
         self.clock = clock
         self.sessions = sessions
@@ -483,6 +574,8 @@ class _Console:
         """A page with the console's security headers."""
         context.setdefault("operator", None)
         context.setdefault("csrf_token", "")
+        context.setdefault("now", self.clock())
+        context.setdefault("banner", self.banner)
         context.setdefault("notice", None)
         context.setdefault("refresh_seconds", None)
         body = self.templates.get_template(f"console/{name}").render(**context)
@@ -714,6 +807,17 @@ async def _form(request: Request) -> dict[str, str]:
     return {name: values[0] for name, values in fields.items() if values}
 
 
+def backend_banner(backends: Mapping[str, str]) -> str:
+    """What the banner says when transports are not real hardware (transport -> `simulated`/`replayed`)."""
+    parts = []
+    sources = (("simulated", "scripted through /v1/sim/..."), ("replayed", "played from a recording"))
+    for mode, source in sources:
+        named = sorted(t for t, m in backends.items() if m == mode)
+        if named:
+            parts.append(f"{', '.join(named)} {'is' if len(named) == 1 else 'are'} {mode} ({source})")
+    return "; ".join(parts) + ": these devices are not real hardware." if parts else ""
+
+
 def console_router(
     host: OperatorViews,
     *,
@@ -721,9 +825,11 @@ def console_router(
     clock: Callable[[], datetime] = wall_clock,
     sessions: ConsoleSessions | None = None,
     operations: ConnectorOperations | None = None,
+    backends: Mapping[str, str] | None = None,
 ) -> APIRouter:
-    """The HTML operator console under `/admin/`."""
-    console = _Console(host, authenticate, clock, sessions or ConsoleSessions(), operations)
+    """The HTML operator console under `/admin/`; `backends` names transports that are simulated or
+    replayed (a banner on every page says so)."""
+    console = _Console(host, authenticate, clock, sessions or ConsoleSessions(), operations, backends)
     router = APIRouter(include_in_schema=False)
     css = (_STATIC / "console.css").read_bytes()
 

@@ -4,7 +4,10 @@ Rules of this file:
 - the progress bar, the summary line and the table each take their own line;
 - candidates are listed in a stable order: first seen, then label (then their details), never by ref;
 - a live table never grows past the terminal: the rows that do not fit are counted in one `... N more`
-  row; the final table lists every candidate;
+  line under the table (a footer, not a row); the final table lists every candidate;
+- at 80 columns and wider `#`, the whole label (up to 16 characters), RSSI with its sparkline and the time
+  last seen keep their width; `details` gives way first and is cut with an ellipsis. Details name UUIDs and
+  manufacturers from bleak's tables beside their numbers (`Heart Rate (180d)`); `--json` keeps numbers only;
 - the RSSI sparkline is the last readings of each candidate, kept in this process's memory only (and only
   for transports that report a signal);
 - nothing here ever shows an address: candidates carry none.
@@ -25,6 +28,7 @@ from rich.text import Text
 from connector.contract.transports import CONTENT_KEYS, Transport
 from connector.core.scope import DiscoveryScope
 from connector.core.transports import TRANSPORT_FACTS
+from providers.ble_names import company_label, uuid_label
 
 SPARK: Final = "▁▂▃▄▅▆▇█"
 SPARK_READINGS: Final = 8
@@ -32,7 +36,8 @@ RSSI_FLOOR, RSSI_CEILING = -100, -30
 BAR_WIDTH: Final = 40
 # Lines the live view needs besides the table rows: bar, summary, table top, header, rule, bottom, "more".
 _CHROME_LINES: Final = 7
-_BLE_BASE_SUFFIX: Final = "-0000-1000-8000-00805f9b34fb"
+# A device name is shown whole up to this many characters (longer ones end in an ellipsis).
+LABEL_CHARS: Final = 16
 
 
 @dataclass(slots=True)
@@ -125,24 +130,37 @@ def candidate_table(
 ) -> Table:
     """A table of candidates; the rssi columns only for BLE (the only transport reporting a signal)."""
     signal = TRANSPORT_FACTS[transport].signal
-    table = Table(show_lines=False, expand=False)
-    columns = ["#", "label", "details"] + (["rssi", "recent"] if signal else []) + ["last seen"]
-    for column in columns:
-        table.add_column(column, justify="right" if column in ("#", "rssi") else "left", no_wrap=True)
     rows = ordered(candidates)
     shown = rows if max_rows is None or len(rows) <= max_rows else rows[: max(0, max_rows - 1)]
+    table = Table(show_lines=False, expand=False, caption_justify="left")
+    _add_columns(table, shown, signal)
     for index, candidate in enumerate(shown, start=1):
-        cells: list[Any] = [str(index), Text(candidate.get("label", "-")), Text(details(candidate))]
+        cells: list[Any] = [str(index), Text(candidate.get("label", "-"), overflow="ellipsis", no_wrap=True)]
         if signal:
             rssi = candidate.get("signal", {}).get("rssi_dbm")
             spark = history.sparkline(candidate["candidate/ref"]) if history is not None else ""
             cells += ["-" if rssi is None else str(rssi), spark]
         cells.append(candidate["last_seen_at"][11:19])
+        cells.append(Text(details(candidate), overflow="ellipsis", no_wrap=True))
         table.add_row(*cells)
     if len(shown) < len(rows):
-        more = [f"... {len(rows) - len(shown)} more"] + [""] * (len(columns) - 1)
-        table.add_row(*more, style="dim")
+        table.caption = Text(f"... {len(rows) - len(shown)} more", style="dim")
     return table
+
+
+def _add_columns(table: Table, shown: Sequence[Mapping[str, Any]], signal: bool) -> None:
+    """Every column but `details` keeps its width (`min_width`); `details` alone may shrink (wrappable for
+    rich's collapse, while its cells stay one line cut with an ellipsis)."""
+    labels = [len(str(c.get("label", "-"))) for c in shown]
+    table.add_column("#", justify="right", no_wrap=True, min_width=len(str(max(1, len(shown)))))
+    table.add_column(
+        "label", no_wrap=True, min_width=min(LABEL_CHARS, max([5, *labels])), max_width=2 * LABEL_CHARS
+    )
+    if signal:
+        table.add_column("rssi", justify="right", no_wrap=True, min_width=4)
+        table.add_column("recent", no_wrap=True, min_width=SPARK_READINGS)
+    table.add_column("last seen", no_wrap=True, min_width=9)
+    table.add_column("details", no_wrap=False, overflow="ellipsis")
 
 
 def details(candidate: Mapping[str, Any]) -> str:
@@ -164,8 +182,8 @@ def _mdns_details(mdns: Mapping[str, Any]) -> str:
 
 
 def _ble_details(ble: Mapping[str, Any]) -> str:
-    parts = [uuid[4:8] if uuid.endswith(_BLE_BASE_SUFFIX) else uuid for uuid in ble.get("service_uuids", [])]
-    parts += [f"mfr 0x{company:04x}" for company in ble.get("manufacturer_ids", [])]
+    parts = [uuid_label(uuid) for uuid in ble.get("service_uuids", [])]
+    parts += [company_label(company) for company in ble.get("manufacturer_ids", [])]
     return ", ".join(parts)
 
 

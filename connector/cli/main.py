@@ -21,6 +21,19 @@ COMMAND_MODULES: tuple[str, ...] = (
     "connector.cli.lab_cmd",
 )
 
+DESCRIPTION = """A Sensorium OS connector: bounded BLE, USB/serial and mDNS discovery scans as deferred
+operations, with a reference host, an operator console and a NATS Bus face. Candidates stay in
+memory; only a binding reveals a device's address."""
+EPILOG = """common tasks:
+  sensorium-connector serve                      run the service on 127.0.0.1:8787 (console under /admin/)
+  sensorium-connector serve --simulate           the same with simulated devices, for CI (no hardware)
+  sensorium-connector scan --transport ble --window 5 --filter service_uuid=180d
+                                                 one scan from the terminal, with a live table
+  sensorium-connector principals add --data-dir .sensorium --id NAME --role caller \
+      --grant device.discovery.scan              a bearer token for a caller (printed once)
+
+every command takes --help; exit codes: 0 done, 1 the operation failed, 2 a usage error, 130 cancelled."""
+
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
@@ -40,7 +53,9 @@ class DefaultsHelp(argparse.RawDescriptionHelpFormatter):
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser with every available subcommand."""
-    parser = argparse.ArgumentParser(prog="sensorium-connector", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="sensorium-connector", description=DESCRIPTION, epilog=EPILOG, formatter_class=DefaultsHelp
+    )
     parser.add_argument("--version", action="version", version=f"sensorium-connector {version()}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for module_name in COMMAND_MODULES:

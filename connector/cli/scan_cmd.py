@@ -228,6 +228,12 @@ def _plan(args: argparse.Namespace) -> ScanPlan:
     catalog_path, trust = catalog_with_fallback("scan", args.catalog, args.trust)
     catalog = load_verified_catalog(catalog_path, trust_dir=trust, data_dir=None, now=now)
     spec = _admitted(catalog, raw, now)
+    if args.max_candidates is not None and spec.scope.max_candidates < args.max_candidates:
+        print(
+            f"scan: --max-candidates {args.max_candidates} is more than the catalog allows; "
+            f"stopping after {spec.scope.max_candidates}",
+            file=sys.stderr,
+        )
     provider = build_provider(
         spec.scope.transport,
         replay=args.replay,

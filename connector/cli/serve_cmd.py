@@ -142,9 +142,12 @@ def parse_replays(values: list[str]) -> dict[str, Path]:
         if not sep or transport not in TRANSPORTS or not path:
             raise ValueError("--replay takes TRANSPORT=FILE with TRANSPORT one of ble, usb-serial, mdns")
         try:
-            load_fixture(path)  # the file and every line checked now, not at the first scan
+            fixture = load_fixture(path)  # the file and every line checked now, not at the first scan
         except FixtureError as error:
             raise ValueError(f"--replay {transport}={path}: {_fixture_reason(path, error)}") from None
+        if fixture.transport != transport:
+            recorded = fixture.transport
+            raise ValueError(f"--replay {transport}={path}: the fixture records {recorded}, not {transport}")
         replays[transport] = Path(path)
     return replays
 
@@ -287,8 +290,18 @@ def extra_routers(assembled: Assembled) -> list[Any]:
     )
     return [
         host_router(assembled.host),
-        console_router(assembled.host, authenticate=assembled.service.authenticate, operations=operations),
+        console_router(
+            assembled.host,
+            authenticate=assembled.service.authenticate,
+            operations=operations,
+            backends=backends_of(assembled.config),
+        ),
     ]
+
+
+def backends_of(config: ConnectorConfig) -> dict[str, str]:
+    """Transports that are not real hardware, for the console's banner."""
+    return {**{t: "replayed" for t in config.replay}, **{t: "simulated" for t in config.simulate}}
 
 
 __all__ = ["EXIT_OK", "EXIT_USAGE", "known_adapters", "register", "run"]

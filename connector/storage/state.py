@@ -329,11 +329,11 @@ class ConnectorState(SqliteStore):
         record = _discovery_from_row(tuple(row[1:]))
         return Located("discovery", record.owner, record.action_id, record.transport, record)
 
-    async def interrupt_discoveries(self, now_ms: int, stamp: str) -> int:
+    async def interrupt_discoveries(self, now_ms: int, stamp: str) -> tuple[int, int]:
         """After a restart: unfinished scans end `failed` `interrupted-by-restart` with cleanup confirmed and
         the claim released (SPEC 6.6, 6.7: the old process's sessions died with it); a retained completed
-        result is erased (`erased_at` = `stamp`). Returns how many records changed."""
-        changed = 0
+        result is erased (`erased_at` = `stamp`). Returns (scans interrupted, results erased)."""
+        interrupted = erased = 0
         sql = f"SELECT {_DISCOVERY_COLUMNS} FROM discovery_operations WHERE status IN ('pending', 'running') "
         sql += "OR (status = 'completed' AND metadata_json NOT LIKE '%\"erased_at\"%')"
         async with self._db.execute(sql) as cursor:
@@ -344,8 +344,11 @@ class ConnectorState(SqliteStore):
             await self.update_discovery(
                 record.operation_id, metadata, final_revision=record.final_revision, ended_at_ms=now_ms
             )
-            changed += 1
-        return changed
+            if record.metadata.get("status") == "completed":
+                erased += 1
+            else:
+                interrupted += 1
+        return interrupted, erased
 
     async def delete_discoveries_ended_before(self, cutoff_ms: int) -> int:
         """Metadata retention: forget scans that ended before the cutoff; returns the count."""

@@ -21,6 +21,7 @@ from tests.support.paths import REPO
 
 TMUX = shutil.which("tmux")
 OFFICE = "hw-fixtures/ble-office-crowd.jsonl"
+BENCH = "hw-fixtures/ble-mixed-bench.jsonl"
 pytestmark = [
     pytest.mark.skipif(TMUX is None, reason="needs tmux (scripts/bootstrap.sh installs it)"),
     pytest.mark.terminal,
@@ -30,9 +31,9 @@ pytestmark = [
 class Pane:
     """One detached tmux session on a private server socket (never the user's tmux)."""
 
-    def __init__(self, command: str) -> None:
+    def __init__(self, command: str, width: int = 100, height: int = 30) -> None:
         self.socket = f"sensorium15-{os.getpid()}-{secrets.token_hex(3)}"
-        self._tmux("new-session", "-d", "-s", "scan", "-x", "100", "-y", "30", command)
+        self._tmux("new-session", "-d", "-s", "scan", "-x", str(width), "-y", str(height), command)
 
     def _tmux(self, *args: str) -> str:
         assert TMUX is not None
@@ -73,10 +74,12 @@ def pane_factory() -> Iterator[list[Pane]]:
         pane.close()
 
 
-def _scan_command(window: int, speed: float) -> str:
+def _scan_command(
+    window: int, speed: float, filters: str = "manufacturer_id=0x0006", replay: str = OFFICE
+) -> str:
     scan = (
         f"{REPO}/.venv/bin/python -m connector scan --transport ble --window {window} "
-        f"--filter manufacturer_id=0x0006 --replay {OFFICE} --replay-speed {speed}"
+        f"--filter {filters} --replay {replay} --replay-speed {speed}"
     )
     return f"cd {REPO} && {scan}; echo EXIT=$?; sleep 60"
 
@@ -128,3 +131,40 @@ def test_the_order_is_stable_between_runs() -> None:
     ]
     assert [c["label"] for c in ordered(candidates)] == ["Z", "A", "B"]
     assert [c["label"] for c in ordered(list(reversed(candidates)))] == ["Z", "A", "B"]
+
+
+def _cells(line: str) -> list[str]:
+    """The cells of one box-drawn table row (or of the header, drawn with heavy lines)."""
+    bar = "┃" if "┃" in line else "│"
+    return [cell.strip() for cell in line.strip().strip(bar).split(bar)]
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize(
+    ("width", "height", "replay", "footer"),
+    [(80, 24, BENCH, False), (80, 24, OFFICE, True), (100, 30, OFFICE, True), (160, 40, OFFICE, True)],
+)
+def test_the_columns_stay_readable_at_every_width(
+    pane_factory: list[Pane], width: int, height: int, replay: str, footer: bool
+) -> None:
+    pane = Pane(_scan_command(8, 2.0, filters="name_prefix=SYNTH", replay=replay), width, height)
+    pane_factory.append(pane)
+    live = pane.wait_for(r"^\.\.\. \d+ more" if footer else r"│\s+4 │", timeout=30)
+    lines = live.splitlines()
+    assert len(lines) <= height and all(len(line) <= width for line in lines)
+    header = next(line for line in lines if "label" in line and "details" in line)
+    assert _cells(header) == ["#", "label", "rssi", "recent", "last seen", "details"]
+    rows = [_cells(line) for line in lines if re.match(r"^│\s*\d+ │", line)]
+    assert rows, live
+    for number, label, rssi, recent, seen, _ in rows:
+        assert number.isdigit() and re.fullmatch(r"-\d{1,3}", rssi), (number, rssi)
+        assert label.startswith("SYNTH") and ("…" not in label or len(label) >= 16), label  # whole to 16
+        assert re.fullmatch(r"\d\d:\d\d:\d\d", seen), seen
+        assert re.fullmatch(r"[▁▂▃▄▅▆▇█]*", recent), recent
+    more = [line for line in lines if re.search(r"\d+ more", line)]
+    assert all(line.startswith("... ") for line in more), "the N more line is a footer, not a row"
+    if width >= 160:
+        assert re.search(r"[A-Z][\w .,&-]+ \((0x[0-9a-f]{4}|[0-9a-f]{4}|[0-9a-f]{8})\)", live), "names"
+    if replay == BENCH:
+        assert "Nordic UART Service (6e4" in live
+    assert re.search(r"([0-9A-F]{2}:){5}[0-9A-F]{2}", live) is None, "never an address"

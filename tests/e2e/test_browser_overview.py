@@ -31,13 +31,15 @@ pytestmark = [
 ]
 
 
-def _host_scan(connector: MockConnector, window: int) -> str:
-    directive = {
+def _host_scan(connector: MockConnector, window: int, correlation_id: str | None = None) -> str:
+    directive: dict[str, Any] = {
         "schema": "sensorium-directive.v1",
         "action_id": "device.discovery.scan",
         "timing": {"mode": "async", "status_versions": [2]},
         "input": {"transport": "ble", "window_seconds": window, "filters": {"service_uuids": [HEART_RATE]}},
     }
+    if correlation_id is not None:
+        directive["correlation/id"] = correlation_id
     headers = {"Authorization": f"Bearer {connector.caller_token}"}
     answer = httpx.post(connector.base_url + "/v1/host/directives", json=directive, headers=headers)
     assert answer.status_code == 202, answer.text
@@ -100,9 +102,15 @@ def test_every_route_listed_self_refreshing_adapters_and_phone_layout(tmp_path: 
                 page.click("#sign-in")
                 rows = page.locator("#operations tbody tr")
                 assert rows.count() == 3
+                assert not _overflows(page), "no horizontal scroll at 1280 px"
+                banner = page.inner_text("#backend-banner")
+                assert "ble, mdns, usb-serial are simulated" in banner
                 listing = page.inner_text("#operations")
-                for op_id in (host_op, mdns_op, usb_op):
-                    assert op_id in listing
+                shown = page.locator("#operations tbody td.id a").first
+                assert len(shown.evaluate("a => a.lastChild.textContent")) == 8  # the short id
+                assert page.locator("#operations time[title]").count() == 3  # relative, absolute on hover
+                titles = {a.get_attribute("title") for a in page.locator("#operations td.id a").all()}
+                assert titles == {host_op, mdns_op, usb_op}  # the whole id on hover and in the page
                 assert {"ble", "mdns", "usb-serial"} <= set(listing.split())
                 assert "cancellation-unconfirmed" in listing and "40 s" in listing and "10 s" in listing
                 via = {r.get_attribute("data-status"): r for r in rows.all()}
@@ -114,7 +122,9 @@ def test_every_route_listed_self_refreshing_adapters_and_phone_layout(tmp_path: 
                 page.goto(f"{connector.base_url}/admin/deferred-operations/{host_op.replace(':', '%3A')}")
                 assert page.inner_text("#status") == "running" and page.inner_text("#transport") == "ble"
                 assert page.inner_text("#route") == "host"
-                assert page.inner_text("#scope") == "filters: service_uuids (1 value); at most 64 candidates"
+                scope = "filters: service_uuids: Heart Rate (180d); at most 64 candidates"
+                assert page.inner_text("#scope") == scope
+                assert page.inner_text("#adapter") == "default" and not _overflows(page)
                 # No click, no script: the page refreshes itself until the window ends.
                 assert _status_becomes(page, "completed", timeout=30.0)
                 assert "Candidates delivered to the caller" in page.inner_text("#facts")
@@ -146,6 +156,8 @@ def test_every_route_listed_self_refreshing_adapters_and_phone_layout(tmp_path: 
                 assert page.inner_text("#route") == "connector"
                 assert page.locator("#connector-only").count() == 1
                 assert page.inner_text("#window") == "40 s"
+                assert page.locator("#adapter").count() == 0, "mDNS has no adapter to show"
+                assert page.inner_text("#cancelability") == "yes"
                 context.close()
             finally:
                 browser.close()
@@ -156,3 +168,39 @@ def test_every_route_listed_self_refreshing_adapters_and_phone_layout(tmp_path: 
         assert canary not in html and "C0:FF:EE:00:00:01" not in html
         assert connector.operator_token not in html
     assert canary not in logs and "C0:FF:EE:00:00:01" not in logs
+
+
+@pytest.mark.timeout(180)
+def test_caller_text_wraps_and_shows_hidden_characters(tmp_path: Path) -> None:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    long_id = "x" * 256
+    tricky = "invoice\u202egnp.exe \x1b[31m\x07\x7f"
+    with start_connector(tmp_path, simulate=("ble",)) as connector:
+        long_op = _host_scan(connector, 5, correlation_id=long_id)
+        tricky_op = _host_scan(connector, 5, correlation_id=tricky)
+        with sync_api.sync_playwright() as playwright:
+            browser = playwright.chromium.launch(
+                executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
+            )
+            try:
+                context = browser.new_context(viewport=PHONE)
+                page = context.new_page()
+                page.goto(connector.base_url + "/admin/sign-in")
+                page.fill("#token", connector.operator_token)
+                page.click("#sign-in")
+                page.goto(f"{connector.base_url}/admin/deferred-operations/{long_op.replace(':', '%3A')}")
+                assert page.inner_text("#correlation-id") == long_id
+                assert not _overflows(page), "a 256-character id wraps at 390 px"
+                _shoot(page, "console-long-id-390.png")
+                page.goto(f"{connector.base_url}/admin/deferred-operations/{tricky_op.replace(':', '%3A')}")
+                text = page.inner_text("#correlation-id")
+                assert "\\u202e" in text and "␛" in text and "␇" in text and "␡" in text
+                assert not any(char in text for char in "\u202e\x1b\x07\x7f")
+                _shoot(page, "console-hidden-characters-390.png")
+                page.set_viewport_size(DESKTOP)
+                page.goto(f"{connector.base_url}/admin/deferred-operations/{long_op.replace(':', '%3A')}")
+                assert not _overflows(page)
+                _shoot(page, "console-long-id-desktop.png")
+                context.close()
+            finally:
+                browser.close()

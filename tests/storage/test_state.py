@@ -170,3 +170,23 @@ async def test_delete_operations_before(tmp_path: Path) -> None:
             young.operation_id,
             live.operation_id,
         ]
+
+
+@pytest.mark.asyncio
+async def test_a_restart_counts_interrupted_scans_apart_from_erased_results(tmp_path: Path) -> None:
+    from connector.storage.state import DiscoveryRecord
+
+    def record(op_id: str, status: str) -> DiscoveryRecord:
+        metadata = {"operation/id": op_id, "status": status, "scope": {"transport": "ble"}}
+        return DiscoveryRecord(op_id, "alice", "device.discovery.scan", "ble", status, metadata, {})
+
+    async with await ConnectorState.open(tmp_path) as state:
+        await state.insert_discovery(record("op-running", "running"))
+        for n in range(5):
+            await state.insert_discovery(record(f"op-done-{n}", "completed"))
+        await state.insert_discovery(record("op-failed", "failed"))
+        assert await state.interrupt_discoveries(1_000, "2026-12-01T00:00:01.000Z") == (1, 5)
+        # A second start changes nothing: every record is already concluded.
+        assert await state.interrupt_discoveries(2_000, "2026-12-01T00:00:02.000Z") == (0, 0)
+        running = await state.get_discovery("op-running")
+        assert running is not None and running.metadata["error_code"] == "interrupted-by-restart"
