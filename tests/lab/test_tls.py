@@ -87,7 +87,7 @@ def test_a_node_over_tls_with_its_ca_and_nkey(tmp_path: Path) -> None:
     server.start()
     try:
         url = f"tls://127.0.0.1:{port}"
-        args = ["--simulate", "--data-dir", tmp_path / "node", "--nats", url, "--node", "a"]
+        args: list[str | Path] = ["--simulate", "--data-dir", tmp_path / "node", "--nats", url, "--node", "a"]
         args += ["--nats-creds", seeds["node-a"], "--nats-tls-ca", ca]
         with serving(*args, log=tmp_path / "node.log", timeout=60):  # healthy: the Bus subscribed over TLS
             context = ssl.create_default_context(cafile=str(ca))
