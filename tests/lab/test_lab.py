@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import subprocess
 import time
 from collections.abc import Mapping
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -349,11 +351,14 @@ def test_a_node_killed_mid_scan_turns_unreachable_and_reports_its_restart(lab: L
     )
     assert node.process is not None
     node.process.kill9()
-    killed = time.monotonic()
+    killed, killed_at = time.monotonic(), datetime.now(UTC)
     html, _ = wait_page(
         lab.view, lambda h: "unreachable since" in page_lines(h).get("a", ""), timeout=15, node="a"
     )
     assert time.monotonic() - killed <= 10 + 1.5  # the 10 s rule, plus one ping interval and a page read
+    # Recorded state: silent since T (its last answer), which came before the kill: shown by kill + 10 s.
+    since = re.search(r"unreachable since (\S+)", page_lines(html)["a"])
+    assert since is not None and datetime.fromisoformat(since.group(1).replace("Z", "+00:00")) <= killed_at
     row = next(r for r in page_rows(html) if r.operation_id == op)
     assert row.unreachable and row.status == "running"  # kept, marked; the view ends nothing itself
     # The others keep updating meanwhile.
