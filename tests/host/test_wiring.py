@@ -70,6 +70,9 @@ async def test_terminal_metadata_is_forgotten_after_retention(tmp_path: Path) ->
                                  headers=bearer(tokens.alice))  # fmt: skip
         gone = await client.get(accepted["status_href"], headers=bearer(tokens.alice))
         assert (gone.status_code, gone.content) == (404, never.content)
+        # The operator view lists what the host OR the connector still holds (CONTRACT §9); the connector's
+        # own record goes with the same retention (`ConnectorService.sweep_metadata`).
+        await assembled.commands.purge(now + timedelta(seconds=61), timedelta(seconds=60))
         detail = await client.get(f"/v1/admin/deferred-operations/{op_id}", headers=bearer(tokens.operator))
         assert detail.status_code == 404 and detail.json()["code"] == "unknown-operation"
         assert await assembled.host.durable_view(op_id) is None
