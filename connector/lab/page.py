@@ -14,7 +14,7 @@ import secrets
 from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Final
+from typing import Any, Final, Protocol
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, FastAPI, Request
@@ -27,7 +27,6 @@ from connector.core.authority import Principal
 from connector.core.lab import LabTable
 from connector.errors import SensoriumError
 from connector.lab.audit import AuditEntry, AuditLog, answer_text
-from connector.lab.follower import LabFollower
 from connector.storage.principals import PrincipalDirectory
 
 LAB_PATH: Final = "/lab"
@@ -58,13 +57,19 @@ def _when(value: datetime | None) -> str:
     return "-" if value is None else value.strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
+class Forwarder(Protocol):
+    """What the page needs of the NATS side (`LabFollower`): a node's `admin.cancel` answer."""
+
+    async def cancel(self, name: str, operation_id: str) -> dict[str, Any]: ...
+
+
 class LabPage:
     """The page's handlers over the table, the follower, the principals file and the audit log."""
 
     def __init__(
         self,
         table: LabTable,
-        follower: LabFollower,
+        follower: Forwarder,
         principals: PrincipalDirectory,
         audit: AuditLog,
         clock: Callable[[], datetime],
@@ -209,7 +214,7 @@ def _redirect(path: str) -> RedirectResponse:
 def lab_app(page: LabPage) -> FastAPI:
     """The view's HTTP app: `/lab` and its sign-in (no API of its own)."""
     app = FastAPI(openapi_url=None, docs_url=None, redoc_url=None)
-    router = APIRouter()
+    router = APIRouter(include_in_schema=False)
     css = _CONSOLE_CSS.read_bytes() + b"\n" + _LAB_CSS.read_bytes()
 
     @router.get("/lab/static/lab.css")
