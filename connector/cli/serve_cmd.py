@@ -239,7 +239,7 @@ def run(args: argparse.Namespace) -> int:
     configure_logging(log_format, sys.stderr)
     try:
         config = config_from(args)
-        if config.catalog == example_catalog():
+        if config.simulate and args.catalog is None:
             _log.warning(PACKAGED_NOTE)  # a log line: one JSON object with --log-format json
         listener = listen(args.host, args.port)
     except (ValueError, OSError) as error:
