@@ -18,6 +18,7 @@ from prometheus_client import CollectorRegistry, Gauge
 
 from connector.api.app import create_app
 from connector.bus.adapter import BusAdapter, BusSettings
+from connector.bus.node import BrokerAccess, node_metadata
 from connector.catalog.loader import load_verified_catalog
 from connector.catalog.signing import VerifiedCatalog
 from connector.contract.transports import Transport
@@ -29,6 +30,7 @@ from connector.errors import ProviderError
 from connector.host.metrics import HostMetrics
 from connector.host.poller import Poller
 from connector.host.service import HostService
+from connector.resources import version
 from connector.runtime.commands import CommandRunner
 from connector.runtime.manager import DiscoveryManager
 from connector.service.connector import ConnectorService
@@ -61,6 +63,9 @@ class ConnectorConfig:
     host_retention_seconds: int = 7 * 24 * 3600
     host_poller: bool = True
     nats_service: str = "sensorium-os"
+    # CONTRACT §15: the node name of a lab (None: the §10 subjects) and how to reach its NATS system.
+    nats_node: str | None = None
+    nats_access: BrokerAccess = field(default_factory=BrokerAccess)
     # Transports whose providers are simulated backends driven by `/v1/sim/...` (SPEC 13.1); never default.
     simulate: tuple[Transport, ...] = ()
 
@@ -293,7 +298,15 @@ def _open_bus(config: ConnectorConfig, assembled: Assembled, clock: Callable[[],
     """The Bus face (SPEC 10); it connects in the background and marks readiness once subscribed."""
     assert config.nats_url is not None
     settings = BusSettings(
-        url=config.nats_url, service=config.nats_service, retention_seconds=config.host_retention_seconds
+        url=config.nats_url,
+        service=config.nats_service,
+        retention_seconds=config.host_retention_seconds,
+        node=config.nats_node,
+        version=version(),
+        metadata=None
+        if config.nats_node is None
+        else node_metadata(config.nats_node, version(), known_adapters(assembled)),
+        access=config.nats_access,
     )
     return BusAdapter(
         settings,
@@ -304,3 +317,15 @@ def _open_bus(config: ConnectorConfig, assembled: Assembled, clock: Callable[[],
         on_subscribed=assembled.readiness.mark_bus_subscribed,
         clock=clock,
     )
+
+
+def known_adapters(assembled: Assembled) -> dict[str, str]:
+    """The adapter each scannable transport uses when a directive names none (listed even while free)."""
+    from connector.runtime.claims import DEFAULT_ADAPTER
+
+    transports: set[str] = set()
+    for action in assembled.catalog.actions.values():
+        if action.discovery is not None:  # a discovery action (the catalog's own test in `discovery_profile`)
+            transports.update(assembled.catalog.discovery_profile(action.action_id).transports)
+    defaults = {"ble": assembled.config.ble_adapter or DEFAULT_ADAPTER}
+    return {transport: defaults.get(transport, DEFAULT_ADAPTER) for transport in sorted(transports)}

@@ -46,6 +46,7 @@ LEVELS: dict[str, int] = {
     "service": 4,
     "api": 5,
     "bus": 5,
+    "lab": 5,
     "client": 5,
     "testing": 5,
     "assembly": 6,

@@ -21,7 +21,7 @@ import logging
 import sqlite3
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
@@ -33,6 +33,9 @@ from nats.aio.client import Client as NATS
 from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.errors import Error as NatsError
+from nats.micro import add_service
+from nats.micro.request import Request
+from nats.micro.service import EndpointConfig, Service, ServiceConfig
 
 from connector.bus.messages import (
     DEFAULT_RETENTION_SECONDS,
@@ -57,6 +60,16 @@ from connector.bus.messages import (
     status_state,
     unknown_reply,
 )
+from connector.bus.node import (
+    MICRO_NAME,
+    BrokerAccess,
+    NodeSubjects,
+    admin_refusal,
+    connect_options,
+    micro_version,
+    parse_cancel,
+    parse_list,
+)
 from connector.bus.reader import RegistryReader
 from connector.core import authority
 from connector.core.admission import check_directive, find_action
@@ -73,6 +86,17 @@ _log = logging.getLogger("sensorium.bus")
 SWEEP_LIMIT = 100_000
 REPLY_CACHE_SIZE = 1024
 Handler = Callable[[str | None, bytes], Awaitable[dict[str, Any] | bytes]]
+Refuse = Callable[[bytes, SensoriumError], dict[str, Any]]
+
+
+class Incoming(Protocol):
+    """A request as a plain subscription or a micro endpoint hands it over."""
+
+    @property
+    def headers(self) -> dict[str, str] | None: ...
+    @property
+    def data(self) -> bytes: ...
+    async def respond(self, data: bytes) -> Any: ...
 
 
 class HostFace(Protocol):
@@ -83,6 +107,12 @@ class HostFace(Protocol):
     ) -> Accepted | Done: ...
 
     async def cancel(self, token: str | None, op_id: str) -> Done: ...
+
+    async def operator_list(
+        self, token: str | None, status: str | None = None, *, after: str | None = None, limit: int = ...
+    ) -> Done: ...
+
+    async def operator_cancel(self, token: str | None, op_id: str) -> Done: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +127,16 @@ class BusSettings:
     flush_timeout: float = 2.0
     retry_seconds: float = 1.0
     max_concurrent_requests: int = 32
+    # CONTRACT §15: a node of a lab registers the micro service under `<svc>.<node>.*`.
+    node: str | None = None
+    version: str = "0.0.0"
+    metadata: Mapping[str, str] | None = None
+    access: BrokerAccess = field(default_factory=BrokerAccess)
+
+    @property
+    def servers(self) -> list[str]:
+        """The URLs of one NATS system (`--nats URL[,URL...]`)."""
+        return [url.strip() for url in self.url.split(",")]
 
     @property
     def retention(self) -> timedelta:
@@ -119,7 +159,13 @@ class BusAdapter:
         clock: Callable[[], datetime] = wall_clock,
     ) -> None:
         self.settings = settings
-        self.subjects = Subjects.for_service(settings.service)
+        self.node_subjects = (
+            None if settings.node is None else NodeSubjects.of(settings.service, settings.node)
+        )
+        self.subjects = (
+            Subjects.for_service(settings.service) if self.node_subjects is None else self.node_subjects.ops
+        )
+        self.micro: Service | None = None
         self._host = host
         self._service = service
         self._registry = registry
@@ -176,6 +222,9 @@ class BusAdapter:
             for subscription in self._subscriptions:
                 with contextlib.suppress(NatsError):  # not connected: nothing reaches us anyway
                     await subscription.unsubscribe()
+            if self.micro is not None:
+                with contextlib.suppress(NatsError, AssertionError):  # not connected or never started
+                    await self.micro.stop()
             while self._requests.borrowed_tokens:
                 await anyio.sleep(0.01)
 
@@ -186,7 +235,7 @@ class BusAdapter:
     async def _run(self) -> None:
         """Connect (retrying forever), subscribe, then announce whatever is owed, for as long as we run."""
         await self.nc.connect(
-            self.settings.url,
+            servers=self.settings.servers,
             name=f"{self.settings.service}-connector",
             reconnected_cb=self._on_reconnected,
             disconnected_cb=self._on_disconnected,
@@ -195,14 +244,14 @@ class BusAdapter:
             max_reconnect_attempts=-1,
             reconnect_time_wait=self.settings.reconnect_time_wait,  # type: ignore[arg-type]  # floats work
             connect_timeout=self.settings.connect_timeout,  # type: ignore[arg-type]
+            **connect_options(self.settings.access),
         )
-        for subject, handler, inline in (
-            (self.subjects.start, self._start, False),
-            (self.subjects.get, self._get, True),
-            (self.subjects.cancel, self._cancel, False),
-        ):
-            callback = self._dispatcher(handler, inline=inline)
-            self._subscriptions.append(await self.nc.subscribe(subject, cb=callback))
+        if self.node_subjects is None:
+            for subject, handler, inline in self._operation_handlers():
+                callback = self._dispatcher(handler, inline=inline)
+                self._subscriptions.append(await self.nc.subscribe(subject, cb=callback))
+        else:
+            await self._register_node(self.node_subjects)
         await self.nc.flush(timeout=self.settings.flush_timeout)  # type: ignore[arg-type]
         if self._on_subscribed is not None:
             self._on_subscribed()
@@ -210,6 +259,49 @@ class BusAdapter:
         _log.info("bus subscribed (service %s)", self.settings.service)
         await self._sweep()
         await self._announcer()
+
+    def _operation_handlers(self) -> list[tuple[str, Handler, bool]]:
+        """(subject, handler, answered inline) of the three §10 request subjects."""
+        return [
+            (self.subjects.start, self._start, False),
+            (self.subjects.get, self._get, True),
+            (self.subjects.cancel, self._cancel, False),
+        ]
+
+    async def _register_node(self, subjects: NodeSubjects) -> None:
+        """The `sensorium-os` micro service: one endpoint per request subject, with the node's metadata."""
+        config = ServiceConfig(
+            name=MICRO_NAME,
+            version=micro_version(self.settings.version),
+            description="sensorium-os connector node",
+            metadata=dict(self.settings.metadata or {}),
+        )
+        self.micro = await add_service(self.nc, config)
+        ops = self._operation_handlers()
+        handlers = [
+            *((subject, handler, inline, _op_refusal) for subject, handler, inline in ops),
+            (subjects.admin_list, self._admin_list, False, _admin_refusal),
+            (subjects.admin_cancel, self._admin_cancel, False, _admin_refusal),
+        ]
+        for subject, handler, inline, refuse in handlers:
+            name = subject.rsplit(".", 2)[-2] + "-" + subject.rsplit(".", 1)[-1]
+            endpoint = EndpointConfig(
+                name=name, subject=subject, handler=self._endpoint(handler, refuse, inline=inline)
+            )
+            await self.micro.add_endpoint(endpoint)
+
+    def _endpoint(
+        self, handler: Handler, refuse: Refuse, *, inline: bool
+    ) -> Callable[[Request], Awaitable[None]]:
+        async def on_request(request: Request) -> None:
+            if self._task_group is None:
+                return
+            if inline:
+                await self._answer(handler, request, refuse)
+            else:
+                self._task_group.start_soon(self._answer_limited, handler, request, refuse)
+
+        return on_request
 
     async def _on_reconnected(self) -> None:
         _log.info("bus reconnected")
@@ -230,25 +322,25 @@ class BusAdapter:
                 return
             if inline:
                 # op.get never waits on work: answered in order on the subscription's own task.
-                await self._answer(handler, msg)
+                await self._answer(handler, msg, _op_refusal)
             else:
                 # One task per request: a cancel that waits for a process must not hold up the others.
-                self._task_group.start_soon(self._answer_limited, handler, msg)
+                self._task_group.start_soon(self._answer_limited, handler, msg, _op_refusal)
 
         return on_message
 
-    async def _answer_limited(self, handler: Handler, msg: Msg) -> None:
+    async def _answer_limited(self, handler: Handler, msg: Incoming, refuse: Refuse) -> None:
         async with self._requests:
-            await self._answer(handler, msg)
+            await self._answer(handler, msg, refuse)
 
-    async def _answer(self, handler: Handler, msg: Msg) -> None:
+    async def _answer(self, handler: Handler, msg: Incoming, refuse: Refuse) -> None:
         try:
             reply = await handler(bearer_token(msg.headers), msg.data)
         except SensoriumError as error:
-            reply = refusal(peek_op(msg.data), error)
+            reply = refuse(msg.data, error)
         except Exception as error:  # never let one request take the adapter down; never log data
             _log.error("bus request failed with %s", type(error).__name__)
-            reply = refusal(peek_op(msg.data), SensoriumError("internal error", code="internal"))
+            reply = refuse(msg.data, SensoriumError("internal error", code="internal"))
         with contextlib.suppress(NatsError):  # the broker went away: the caller retries or catches up
             await msg.respond(reply if isinstance(reply, bytes) else encode(reply))
 
@@ -365,6 +457,18 @@ class BusAdapter:
         op = request.op or record.operation_id
         return state_reply(op, record_state(record)[0])
 
+    async def _admin_list(self, token: str | None, data: bytes) -> dict[str, Any]:
+        """`admin.list`: the page of the host's operator list the HTTP admin route answers (one builder)."""
+        request = parse_list(data)
+        options = {} if request.limit is None else {"limit": request.limit}
+        listing = await self._host.operator_list(token, request.status, after=request.after, **options)
+        return dict(listing.document)
+
+    async def _admin_cancel(self, token: str | None, data: bytes) -> dict[str, Any]:
+        """`admin.cancel {operation/id}`: the HTTP admin cancel's document."""
+        op_id = parse_cancel(data)
+        return dict((await self._host.operator_cancel(token, op_id)).document)
+
     async def _cancel(self, token: str | None, data: bytes) -> dict[str, Any]:
         """`op.cancel {op}` -> `{op, cancelled, state}`; `cancelled`: did this request change anything."""
         principal = self._authenticate(token)
@@ -475,6 +579,16 @@ class BusAdapter:
                     return
                 await self._store.mark_published(operation_id, self._clock())
             self._pending.pop(operation_id, None)
+
+
+def _op_refusal(data: bytes, error: SensoriumError) -> dict[str, Any]:
+    """A refused operation request: `{op, state, error}` (CONTRACT §10)."""
+    return refusal(peek_op(data), error)
+
+
+def _admin_refusal(data: bytes, error: SensoriumError) -> dict[str, Any]:
+    """A refused operator request: `{"error"}` only (CONTRACT §15)."""
+    return admin_refusal(public_refusal(error))
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "connector.cli.principals_cmd",
     "connector.cli.serve_cmd",
     "connector.cli.ops_cmd",
+    "connector.cli.lab_cmd",
 )
 
 DESCRIPTION = """A Sensorium OS connector: bounded BLE, USB/serial and mDNS discovery scans as deferred

@@ -20,9 +20,12 @@ from prometheus_client import CollectorRegistry
 from connector.api.console import console_router
 from connector.api.edge import HostCheck, HttpEdge, allowed_host_names, edge_protocol, watch_connections
 from connector.api.host_routes import host_router
-from connector.assembly import Assembled, ConnectorConfig, assemble
-from connector.bus.messages import Subjects, check_broker_url
+from connector.assembly import Assembled, ConnectorConfig, assemble, known_adapters
+from connector.bus.messages import Subjects
+from connector.bus.node import check_access, check_node, parse_broker_urls
+from connector.bus.probe import NodeTaken, refuse_live_node
 from connector.cli.main import EXIT_OK, EXIT_USAGE, DefaultsHelp, usage_error
+from connector.cli.nats_flags import add_nats_access_flags, broker_access
 from connector.cli.serve_flags import add_edge_arguments, check_trust, host_policy_from
 from connector.contract.transports import TRANSPORTS
 from connector.errors import CatalogError
@@ -105,7 +108,13 @@ def register(subparsers: Any) -> None:
         help="simulated backends driven by the operator routes /v1/sim/... for the named transports "
         "(bare: all three); for mock-device CI, never for production",
     )
-    parser.add_argument("--nats", default=None, metavar="URL", help="NATS broker URL for the Bus face")
+    parser.add_argument(
+        "--nats", default=None, metavar="URL[,URL...]", help="NATS URLs of one system for the Bus face"
+    )
+    parser.add_argument(
+        "--node", default=None, metavar="NAME", help="this host's node name in a lab (CONTRACT §15)"
+    )
+    add_nats_access_flags(parser)
     parser.add_argument("--nats-service", default="sensorium-os", metavar="NAME", help="Bus subject prefix")
     parser.add_argument(
         "--mdns-interfaces",
@@ -178,10 +187,27 @@ def config_from(args: argparse.Namespace) -> ConnectorConfig:
         simulate=simulate,
         ble_adapter=args.ble_adapter,
         mdns_interfaces=interfaces,
-        nats_url=None if args.nats is None else check_broker_url(args.nats),
         nats_service=_nats_service(args.nats_service),
         host_policy=host_policy_from(getattr(args, "host_policy", None)),
+        **_lab_node(args),
     )
+
+
+def _lab_node(args: argparse.Namespace) -> dict[str, Any]:
+    """The Bus URLs, the node name and the broker access (CONTRACT §15); ValueError with a reason."""
+    nats, node = getattr(args, "nats", None), getattr(args, "node", None)
+    if nats is None:
+        if node is not None:
+            raise ValueError("--node needs --nats")
+        return {"nats_url": None}
+    urls = parse_broker_urls(nats)
+    access = broker_access(args)
+    check_access(urls, access)
+    return {
+        "nats_url": ",".join(urls),
+        "nats_node": None if node is None else check_node(node),
+        "nats_access": access,
+    }
 
 
 def catalog_paths(catalog: Path | None, trust: Path | None, simulate: tuple[str, ...]) -> tuple[Path, Path]:
@@ -231,6 +257,8 @@ def run(args: argparse.Namespace) -> int:
         anyio.run(_serve, config, listener, edge)
     except CatalogError as error:
         return _catalog_refused(error)
+    except NodeTaken as error:
+        return usage_error(str(error))
     return EXIT_OK
 
 
@@ -268,6 +296,8 @@ def http_server(app: Any, edge: HttpEdge, metrics: CollectorRegistry | None = No
 
 async def _serve(config: ConnectorConfig, listener: socket.socket, edge: HttpEdge) -> None:
     make_private_dir(config.data_dir)
+    if config.nats_url is not None and config.nats_node is not None:
+        await refuse_live_node(config.nats_url, config.nats_service, config.nats_node, config.nats_access)
     async with assemble(config, routers=extra_routers) as assembled:
         host, port = listener.getsockname()[:2]
         server = http_server(assembled.app, edge, assembled.metrics)
@@ -306,16 +336,4 @@ def backends_of(config: ConnectorConfig) -> dict[str, str]:
     return {**{t: "replayed" for t in config.replay}, **{t: "simulated" for t in config.simulate}}
 
 
-def known_adapters(assembled: Assembled) -> dict[str, str]:
-    """The adapter each scannable transport uses when a directive names none (listed even while free)."""
-    from connector.runtime.claims import DEFAULT_ADAPTER
-
-    transports: set[str] = set()
-    for action in assembled.catalog.actions.values():
-        if action.discovery is not None:  # a discovery action (the catalog's own test in `discovery_profile`)
-            transports.update(assembled.catalog.discovery_profile(action.action_id).transports)
-    defaults = {"ble": assembled.config.ble_adapter or DEFAULT_ADAPTER}
-    return {transport: defaults.get(transport, DEFAULT_ADAPTER) for transport in sorted(transports)}
-
-
-__all__ = ["EXIT_OK", "EXIT_USAGE", "register", "run"]
+__all__ = ["EXIT_OK", "EXIT_USAGE", "known_adapters", "register", "run"]
