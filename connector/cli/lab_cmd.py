@@ -12,12 +12,12 @@ from pathlib import Path
 from typing import Any
 
 import anyio
-import uvicorn
 
+from connector.api.edge import HttpEdge
 from connector.bus.node import check_access, check_node, parse_broker_urls
 from connector.cli.main import EXIT_OK, DefaultsHelp, usage_error
 from connector.cli.nats_flags import add_nats_access_flags, broker_access
-from connector.cli.serve_cmd import listen
+from connector.cli.serve_cmd import http_server, listen
 from connector.core.clock import wall_clock
 from connector.core.lab import LabTable
 from connector.lab.audit import AuditLog
@@ -95,9 +95,7 @@ async def _serve(settings: LabSettings, tokens: dict[str, str], data_dir: Path, 
     table = LabTable()
     follower = LabFollower(settings, tokens, table, wall_clock)
     page = LabPage(table, follower, PrincipalDirectory(data_dir), AuditLog(data_dir), wall_clock)
-    server = uvicorn.Server(
-        uvicorn.Config(lab_app(page), log_level="warning", lifespan="off", log_config=None)
-    )
+    server = http_server(lab_app(page), HttpEdge())  # the same read deadlines, cap and Host check (§8)
     host, port = listener.getsockname()[:2]
     async with anyio.create_task_group() as group:
         group.start_soon(follower.run)

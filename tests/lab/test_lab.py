@@ -183,6 +183,14 @@ def test_admin_list_answers_what_the_http_admin_list_answers(lab: Lab) -> None:
     assert cancel["error"]["code"] == "unknown-operation"
 
 
+def test_the_view_answers_a_foreign_host_421_as_serve_does(lab: Lab) -> None:
+    """The view's HTTP server has serve's edge (CONTRACT §8): a DNS-rebinding `Host` reads nothing."""
+    port = httpx.URL(lab.view.base_url).port
+    foreign = httpx.get(lab.view.base_url + "/lab/sign-in", headers={"Host": f"rebind.evil.example:{port}"})
+    assert foreign.status_code == 421 and foreign.json()["code"] == "misdirected-request"
+    assert httpx.get(lab.view.base_url + "/lab/sign-in").status_code == 200
+
+
 @pytest.mark.browser
 @pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium")
 def test_the_page_in_chromium_at_1280_and_390_px(lab: Lab) -> None:
