@@ -502,3 +502,12 @@ def bluez() -> Iterator[BluezController]:
                 controller.lift_stall()
             close_links()  # the connector's link outlives its sessions; the test's loop does not
             controller.close()
+
+
+@pytest.fixture
+def every_advert(bluez: BluezController) -> BluezController:
+    """The emulated controller reports every advert, not once per scan: a controller without duplicate
+    filtering, or with an advertisement monitor registered (hci_sync.c `hci_active_scan_sync`). For tests of
+    what bluetoothd and the provider do with each report; the filter itself is tested on its own."""
+    bluez.configure(duplicate_filter=False)
+    return bluez
