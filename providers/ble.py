@@ -44,7 +44,7 @@ from providers.base import (
     StartUnconfirmed,
     settle,
 )
-from providers.ble_worker import ADAPTER_IFACE, BLUEZ, DBUS, STOP, config_frame
+from providers.ble_worker import ADAPTER_IFACE, BLUEZ, DBUS, GO, STOP, config_frame
 
 OBJECT_MANAGER_IFACE = "org.freedesktop.DBus.ObjectManager"
 INTROSPECT_IFACE = "org.freedesktop.DBus.Introspectable"
@@ -92,6 +92,9 @@ class BusLink:
         # The NameOwnerChanged rules added per worker name (on which connection, how many): removed when the
         # session is forgotten, so that no rule outlives its session (dbus-daemon allows 512 per connection).
         self._rules: dict[str, tuple[MessageBus, int]] = {}
+        # One start at a time per adapter: bluetoothd answers only the last of two starts whose kernel
+        # commands overlap (adapter.c `start_discovery` overwrites `adapter->client`).
+        self.starts: dict[str, asyncio.Lock] = {}
         # The last default seen: a bluetoothd that does not answer now still had this one powered first.
         self.last_default: str | None = None
 
@@ -228,9 +231,12 @@ class BleSession(BaseSession):
         link: BusLink,
         *,
         coalesce: bool = True,
+        start_lock: asyncio.Lock | None = None,
     ) -> None:
         super().__init__(scope, sink)
         self._coalesce = coalesce
+        self._start_lock = start_lock or asyncio.Lock()
+        self._grant: asyncio.Task[None] | None = None
         self._adapter_path = adapter_path
         self._link = link
         self._proc: asyncio.subprocess.Process | None = None
@@ -334,6 +340,7 @@ class BleSession(BaseSession):
         elif kind == "bus":
             self.unique_name = message[1]
             await self._link.watch_name(message[1])
+            self._grant = asyncio.ensure_future(self._grant_start())
         elif kind == "ready":
             _resolve(self._started, None)
         elif kind == "error":
@@ -345,6 +352,18 @@ class BleSession(BaseSession):
             self._failed(ProviderError("the BLE adapter stopped discovering and could not be restarted"))
         elif kind == "stopped" and self._stop_answer is not None:
             _resolve(self._stop_answer, message[1])
+
+    async def _grant_start(self) -> None:
+        """Let the worker start discovery while it holds the adapter's start turn (until it is started)."""
+        async with self._start_lock:
+            proc = self._proc
+            if self._started.done() or proc is None or proc.stdin is None or proc.stdin.is_closing():
+                return
+            try:
+                proc.stdin.write(GO)
+            except (ConnectionError, RuntimeError):
+                return  # the worker is gone: its reader ends the start
+            await asyncio.wait({self._started})
 
     def _on_exit(self) -> None:
         self._exited = True
@@ -471,6 +490,14 @@ class BleProvider:
             name = await self.resolve_adapter(scope)
             if name is None:
                 raise ProviderUnavailable("no powered BLE adapter is available")
-        session = BleSession(scope, sink, f"/org/bluez/{name}", self._link(), coalesce=not self._every_report)
+        link = self._link()
+        session = BleSession(
+            scope,
+            sink,
+            f"/org/bluez/{name}",
+            link,
+            coalesce=not self._every_report,
+            start_lock=link.starts.setdefault(name, asyncio.Lock()),
+        )
         await session.open()
         return session

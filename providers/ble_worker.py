@@ -20,7 +20,8 @@ process dies (src/adapter.c `discovery_disconnect`). Rules of this file:
 
 Frames on stdout (4-byte big-endian length + marshal): ("bus", unique_name), ("ready",),
 ("error", code, rule), ("o", [observation tuples]), ("gone",), ("deaf",), ("stopped", refusal or None).
-On stdin: a first frame with the pickled config, then one byte per command (b"S": stop discovery).
+On stdin: a first frame with the pickled config, then one byte per command (b"G": start discovery now,
+b"S": stop discovery).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ from connector.core.observations import BleObservation
 _LEN = struct.Struct(">I")
 _as_observation = tuple.__new__
 STOP = b"S"
+# The connector lets one worker per adapter start at a time: bluetoothd answers only the last of two starts
+# whose kernel commands overlap (adapter.c `start_discovery` overwrites `adapter->client`).
+GO = b"G"
 # In-scope observations are batched this long (or up to _BATCH_MAX devices): one pipe write and one parent
 # wake-up per batch. Within a batch only each device's latest in-scope report crosses: the parent stamps a
 # batch with one arrival time and keeps only a device's latest advert, so earlier ones of the same batch
@@ -138,11 +142,14 @@ def _read_config() -> dict[str, Any]:
 class _Commands(asyncio.Protocol):
     """stdin: stop commands; EOF (the connector closed it or died) ends the process (`on_eof`)."""
 
-    def __init__(self, on_stop: Any, on_eof: Any) -> None:
+    def __init__(self, on_go: Any, on_stop: Any, on_eof: Any) -> None:
+        self._on_go = on_go
         self._on_stop = on_stop
         self._on_eof = on_eof
 
     def data_received(self, data: bytes) -> None:
+        if GO in data:
+            self._on_go()
         for _ in range(data.count(STOP)):
             self._on_stop()
 
@@ -177,6 +184,7 @@ class Worker:
         self._starting = False  # a pre-set filter of ours may be in bluetoothd's set_filter_list
         self._discovering = asyncio.Event()
         self._rediscovering = False
+        self._go = asyncio.Event()
 
     def send(self, payload: Any) -> None:
         """Queue one frame to the parent."""
@@ -188,7 +196,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         self._out, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(1, "wb", buffering=0))
         await loop.connect_read_pipe(
-            lambda: _Commands(self._on_stop, self._on_eof), os.fdopen(0, "rb", buffering=0)
+            lambda: _Commands(self._go.set, self._on_stop, self._on_eof), os.fdopen(0, "rb", buffering=0)
         )
         error = await self._start()
         if error is not None:
@@ -271,6 +279,7 @@ class Worker:
             self._on_advert,
             bluez={"adapter": self._adapter_path.rsplit("/", 1)[1], "filters": cast(Any, self._filters)},
         )
+        await self._go.wait()
         await self._scanner.start()
         return None
 

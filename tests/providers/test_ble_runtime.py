@@ -31,10 +31,10 @@ from connector.runtime.claims import claim_key
 from connector.runtime.manager import DiscoveryManager
 from providers.base import ObservationSink, ProviderSession, settle
 from providers.ble import BleProvider, BleSession
-from tests.providers.bluez_mock import BluezController, RecordingSink, bluez
+from tests.providers.bluez_mock import BluezController, RecordingSink, bluez, every_advert
 from tests.support.waiting import poll
 
-__all__ = ["bluez"]  # the fixture, imported above
+__all__ = ["bluez", "every_advert"]  # the fixtures, imported above
 
 HEART = "0000180d-0000-1000-8000-00805f9b34fb"
 STRAP = "AA:BB:CC:00:00:01"
@@ -270,6 +270,7 @@ async def test_two_scans_on_one_adapter_run_as_two_bluez_clients(bluez: BluezCon
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")
 async def test_a_steady_device_stays_present_for_three_ttls(bluez: BluezController) -> None:
     ttl_s = 2  # times are whole seconds: 2 s is the shortest sure TTL
     profile = replace(PROFILE, candidate_ttl_seconds=ttl_s)
