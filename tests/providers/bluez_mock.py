@@ -328,8 +328,8 @@ class BluezController:
         self.unwedge()
         self.release_stalled()
 
-    def fail_start(self, error: str = "org.bluez.Error.Failed") -> None:
-        """Make StartDiscovery answer with a D-Bus error."""
+    def fail_start(self, error: str | None = "org.bluez.Error.Failed") -> None:
+        """Make StartDiscovery answer with a D-Bus error (None: succeed again)."""
         self.control("fail_start", error=error)
 
     def wedge_after_start(self) -> None:
