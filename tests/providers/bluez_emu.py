@@ -947,6 +947,11 @@ class Emulator:
             self.report(adapter, addresses[i % len(addresses)], adv)
             self.stream_sent = i + 1
 
+    def c_stop_streams(self) -> None:
+        """Cancel every running stream."""
+        for task in list(self._tasks):
+            task.cancel()
+
     def c_streamed(self) -> int:
         """How many reports the current stream has emitted so far."""
         return self.stream_sent
