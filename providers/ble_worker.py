@@ -102,7 +102,11 @@ def is_report(message: Any) -> bool:
     member = message.member
     if member == "PropertiesChanged":
         body = message.body
-        return bool(body[0] == DEVICE_IFACE and not REPORT_PROPERTIES.isdisjoint(body[1]))
+        if body[0] != DEVICE_IFACE:
+            return False
+        # A 0 dBm report invalidates RSSI alone (device.c `dev_property_exists_rssi`); the end of a
+        # discovery invalidates TxPower with it (adapter.c `invalidate_rssi_and_tx_power`).
+        return not REPORT_PROPERTIES.isdisjoint(body[1]) or body[2] == ["RSSI"]
     if member == "InterfacesAdded":
         props = message.body[1].get(DEVICE_IFACE)
         return props is not None and "RSSI" in props
@@ -232,6 +236,10 @@ class Worker:
         except BleakBluetoothNotAvailableError:
             return ("provider-unavailable", "no-adapter")
         except BleakDBusError as exc:
+            if exc.dbus_error == "org.bluez.Error.InProgress" and not await self._still_powered():
+                # adapter.c `start_discovery_complete`: InProgress also answers a start that the adapter's
+                # power-off cut short
+                return ("provider-unavailable", "powered-off")
             code = "provider-unavailable" if exc.dbus_error in UNAVAILABLE_ERRORS else "provider-failure"
             return (code, exc.dbus_error)
         except BleakError:
@@ -282,6 +290,25 @@ class Worker:
         await self._go.wait()
         await self._scanner.start()
         return None
+
+    async def _still_powered(self) -> bool:
+        """One Get of the adapter's Powered (True when it cannot be told)."""
+        from dbus_fast import Message, MessageType
+
+        get = Message(
+            destination=BLUEZ,
+            path=self._adapter_path,
+            interface=PROPERTIES_IFACE,
+            member="Get",
+            signature="ss",
+            body=[ADAPTER_IFACE, "Powered"],
+        )
+        try:
+            async with asyncio.timeout(CLEAR_BOUND_S):
+                reply = await self._manager._bus.call(get)
+        except Exception:
+            return True
+        return reply.message_type == MessageType.ERROR or bool(reply.body[0].value)
 
     async def _watch_disconnect(self, bus: Any) -> None:
         with contextlib.suppress(Exception):
@@ -359,7 +386,7 @@ class Worker:
     def _on_advert(self, device: Any, adv: Any) -> None:
         if not (self._open and self._manager.report):
             return
-        props = device.details["props"]
+        props = adv.platform_data[1]  # the Device1 properties as of this report
         if "Class" in props and "AdvertisingFlags" not in props:
             return  # BR/EDR only: another program's plain discovery found it (CONTRACT §6.5)
         # The plain tuple crosses the pipe (marshal takes exact tuples); the observation view of the same
@@ -367,7 +394,7 @@ class Worker:
         address = device.address
         fields = (
             address,
-            adv.rssi,
+            adv.rssi if "RSSI" in props else 0,  # BlueZ holds no RSSI after a 0 dBm report
             adv.local_name,
             tuple(adv.service_uuids),
             adv.manufacturer_data,

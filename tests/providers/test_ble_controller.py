@@ -235,3 +235,24 @@ async def test_a_rejected_stop_on_the_only_client_leaves_the_next_scan_working(
     session = await BleProvider().start(scope(service_uuids=(HEART,)), sink)
     await steady(bluez, LATER, sink, timeout=3.0, service_uuids=[HEART])
     await session.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_start_cut_short_by_a_power_off_is_unavailable(bluez: BluezController) -> None:
+    bluez.power_off_during_kernel_start()  # StartDiscovery answers InProgress (adapter.c `discovery_free`)
+    with pytest.raises(ProviderError) as caught:
+        await BleProvider().start(scope(service_uuids=(HEART,)), RecordingSink())
+    assert caught.value.code == "provider-unavailable"
+
+
+@pytest.mark.asyncio
+async def test_a_0_dbm_report_is_an_observation_at_0_dbm(bluez: BluezController) -> None:
+    bluez.configure(duplicate_filter=False)
+    sink = RecordingSink()
+    session = await BleProvider().start(scope(service_uuids=(HEART,)), sink)
+    bluez.add_device(SENSOR, service_uuids=[HEART], rssi=-40)
+    await sink.wait_for(at(SENSOR))
+    bluez.advertise(SENSOR, rssi=0)  # device.c: RSSI invalidated, nothing else changed
+    seen = await sink.wait_for(lambda o: o.address == SENSOR and o.rssi == 0)
+    await session.stop()
+    assert seen.rssi == 0
