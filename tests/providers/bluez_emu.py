@@ -460,7 +460,8 @@ class Emulator:
     def _merged(self, adapter: Adapter) -> MergedFilter | None:
         """adapter.c `merge_discovery_filters` + `discovery_filter_to_mgmt_cp`; None: regular discovery."""
         regular = filtered = empty_uuid = False
-        scan_type, rssi, uuids = 0, None, set()
+        scan_type, rssi = 0, None
+        uuids: set[str] = set()
         for sender in adapter.discovery_list():
             item = adapter.clients[sender].filter
             if item is None or _is_regular(item):
