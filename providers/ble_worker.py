@@ -80,6 +80,7 @@ NO_SESSION_TEXT = "No discovery started"
 # bluetoothd's own proximity test passes every report (`is_filter_match`) and RSSI is still signalled at
 # every report (`discovery_filter_has_proximity`). PATHLOSS_MAX is the widest value `parse_pathloss` takes.
 JOIN_FILTER: dict[str, Any] = {"Transport": "le", "DuplicateData": True, "Pathloss": 137}
+IN_PROGRESS = "org.bluez.Error.InProgress"
 # How long a restart after `Discovering` turned false may take, and a clear of the filter on the way out.
 REDISCOVER_BOUND_S = 2.0
 CLEAR_BOUND_S = 0.5
@@ -236,7 +237,7 @@ class Worker:
         except BleakBluetoothNotAvailableError:
             return ("provider-unavailable", "no-adapter")
         except BleakDBusError as exc:
-            if exc.dbus_error == "org.bluez.Error.InProgress" and not await self._still_powered():
+            if exc.dbus_error == IN_PROGRESS and not await self._still_powered():
                 # adapter.c `start_discovery_complete`: InProgress also answers a start that the adapter's
                 # power-off cut short
                 return ("provider-unavailable", "powered-off")
@@ -453,6 +454,7 @@ def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any) -> Any:
     """bleak's BlueZ manager, marking whether the message it parses is an advertisement report, and
     starting discovery as CONTRACT §6.5 asks (`active_scan`)."""
     from bleak.backends.bluezdbus.utils import assert_reply
+    from bleak.exc import BleakDBusError
     from dbus_fast import Message, Variant
 
     def adapter_call(path: str, member: str, *filters: dict[str, Any]) -> Message:
@@ -511,21 +513,19 @@ def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any) -> Any:
             return stop
 
         async def _start(self, adapter_path: str, filters: dict[str, Any]) -> None:
-            # Joining a running discovery: a Pathloss-only filter first, our own one right behind the
-            # StartDiscovery (pipelined), so the merged filter changes and bluetoothd restarts the
-            # scan before it answers the start (adapter.c `update_discovery_filter`, `start_discovery`).
             adapter = self._properties.get(adapter_path, {}).get(ADAPTER_IFACE, {})
             joining = bool(adapter.get("Discovering"))
-            await self.set_filter(adapter_path, JOIN_FILTER if joining else filters)
             on_preset(True)
             try:
-                start = asyncio.ensure_future(self._bus.call(adapter_call(adapter_path, "StartDiscovery")))
-                final = asyncio.ensure_future(self.set_filter(adapter_path, filters)) if joining else None
                 try:
-                    assert_reply(await start)
-                finally:
-                    if final is not None:
-                        await final
+                    await self._start_once(adapter_path, filters, joining)
+                except BleakDBusError as exc:
+                    if not joining or exc.dbus_error != IN_PROGRESS:
+                        raise
+                    # The kernel start of the forced restart failed: bluetoothd removed us and restarts
+                    # nothing, so the clients already discovering are deaf (adapter.c
+                    # `start_discovery_complete`). One more forced restart, for them and for us.
+                    await self._start_once(adapter_path, filters, True)
             except BaseException:
                 # bleak would leave the filter pre-set; its disconnect could stop the adapter
                 # (adapter.c `discovery_disconnect` -> `discovery_stop`).
@@ -535,6 +535,19 @@ def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any) -> Any:
                 raise
             finally:
                 on_preset(False)
+
+        async def _start_once(self, adapter_path: str, filters: dict[str, Any], joining: bool) -> None:
+            # Joining a running discovery: a Pathloss-only filter first, our own one right behind the
+            # StartDiscovery (pipelined), so the merged filter changes and bluetoothd restarts the
+            # scan before it answers the start (adapter.c `update_discovery_filter`, `start_discovery`).
+            await self.set_filter(adapter_path, JOIN_FILTER if joining else filters)
+            start = asyncio.ensure_future(self._bus.call(adapter_call(adapter_path, "StartDiscovery")))
+            final = asyncio.ensure_future(self.set_filter(adapter_path, filters)) if joining else None
+            try:
+                assert_reply(await start)
+            finally:
+                if final is not None:
+                    await final
 
         async def _stop(self, adapter_path: str) -> None:
             # bleak's stop: StopDiscovery (its recovery from a rejected stop), then the filter cleared.
