@@ -102,9 +102,9 @@ async def test_a_service_data_only_sensor_is_found_by_a_scope_running_alone(blue
 async def test_a_scan_joining_a_running_one_sees_a_steady_device_within_its_window(
     bluez: BluezController,
 ) -> None:
+    bluez.configure(cycle_s=3600)  # no cycle ends: only a forced restart lets the joining scan hear it
     first, joining = RecordingSink(), RecordingSink()
     running = await BleProvider().start(scope(service_uuids=(HEART,)), first)
-    # The default 10.24 s cycle: only a forced restart lets the joining scan hear the device within 3 s.
     bluez.add_device(STEADY, service_uuids=[HEART])
     await first.wait_for(at(STEADY))
     assert not bluez.advertise(STEADY)  # the controller already reported it in this scan
