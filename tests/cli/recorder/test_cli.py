@@ -12,7 +12,13 @@ import pytest
 
 from connector.cli.main import COMMAND_MODULES, main
 from tests.cli.recorder.support import fixture_lines, run_cli, spawn_cli
-from tests.providers.bluez_mock import BluezController, BluezEmulator, bluez, bluez_available, every_advert
+from tests.providers.bluez_mock import (
+    BluezController,
+    BluezEmulator,
+    bluez,
+    bluez_available,
+    every_advert,
+)
 from tests.support.directives import HEART_RATE
 
 __all__ = ["bluez", "every_advert"]  # the fixtures, imported above
