@@ -30,12 +30,12 @@ from providers.base import Provider
 from providers.ble import BleProvider
 from providers.replay import ReplayProvider, ReplaySession
 from tests.cli.recorder.support import ENV_SENSING, PROFILE, TableSink, content, fixture_lines
-from tests.providers.bluez_mock import BluezController, bluez
+from tests.providers.bluez_mock import BluezController, bluez, every_advert
 from tests.runtime.sessions import until_terminal
 from tests.support.directives import HEART_RATE
 from tests.support.waiting import wait_until
 
-__all__ = ["bluez"]  # the fixture, imported above
+__all__ = ["bluez", "every_advert"]  # the fixtures, imported above
 
 STRAP_A = "AA:BB:CC:00:00:01"
 STRAP_B = "AA:BB:CC:00:00:02"
@@ -138,6 +138,7 @@ async def replay(target: Path, scope: DiscoveryScope) -> TableSink:
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")  # the story repeats adverts within one scan
 async def test_a_recording_replays_to_the_candidates_the_live_session_produced(
     bluez: BluezController, tmp_path: Path
 ) -> None:
@@ -161,6 +162,7 @@ async def test_a_recording_replays_to_the_candidates_the_live_session_produced(
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")  # the story repeats adverts within one scan
 async def test_the_recording_is_unfiltered_and_pseudonymised(bluez: BluezController, tmp_path: Path) -> None:
     target = tmp_path / "bench.jsonl"
     result = await record(bluez, target)
@@ -189,6 +191,7 @@ async def test_the_recording_is_unfiltered_and_pseudonymised(bluez: BluezControl
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")  # the story repeats adverts within one scan
 async def test_pseudonyms_differ_across_recordings_and_kept_identities_are_real(
     bluez: BluezController, tmp_path: Path
 ) -> None:
@@ -239,6 +242,7 @@ async def scan_through_runtime(
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")  # the story repeats adverts within one scan
 async def test_through_the_runtime_the_replayed_scan_ends_with_the_live_scan_candidates(
     bluez: BluezController, tmp_path: Path
 ) -> None:
