@@ -11,7 +11,7 @@ from starlette.responses import Response
 
 from connector.api.errors import bearer_token, parse_json_body, to_response
 from connector.api.openapi import ADMISSION_REFUSALS, Ok, Route, declare
-from connector.core.operator_rows import DEFAULT_PAGE, MAX_PAGE
+from connector.core.operator_rows import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE
 from connector.host.service import HostService
 
 _AUTH = ("unauthenticated", "internal")
@@ -80,7 +80,7 @@ def host_router(host: HostService) -> APIRouter:
     async def operator_list(
         request: Request,
         status: str | None = Query(default=None, json_schema_extra={"enum": _STATUSES}),
-        after: str | None = Query(default=None, max_length=512),
+        after: str | None = Query(default=None, pattern=CURSOR_PATTERN),
         limit: int = Query(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE),
     ) -> Response:
         """Every operation the process knows, newest first; `after` is the previous page's `next_after`."""

@@ -12,14 +12,12 @@ Rules of this file:
 
 from __future__ import annotations
 
-import base64
-import binascii
-import json
 import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
+from connector.core.clock import parse_time, to_ms
 from connector.core.transports import TRANSPORT_FACTS
 
 MAX_PAGE: Final = 200
@@ -28,6 +26,9 @@ TERMINAL: Final = frozenset({"completed", "failed", "timed-out", "cancelled", "e
 ENDED_REASON: Final = "the operation has ended"
 DEFAULT_ADAPTER_TEXT: Final = "default"
 _CODE: Final = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
+# 14 digits of milliseconds stay below the year 9999 that a datetime holds.
+CURSOR_PATTERN: Final = r"^[0-9]{1,14}~[A-Za-z0-9:._-]{1,128}$"
+_CURSOR: Final = re.compile(CURSOR_PATTERN)
 
 
 def _scope(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
@@ -131,26 +132,28 @@ class BadCursor(ValueError):
     """An `after` value this listing never handed out."""
 
 
-def _order_key(row: Mapping[str, Any]) -> tuple[str, str]:
-    return (str(row.get("created_at") or ""), str(row.get("operation/id") or ""))
+def _order_key(row: Mapping[str, Any]) -> tuple[int, str]:
+    created = row.get("created_at")
+    created_ms = to_ms(parse_time(created)) if isinstance(created, str) and created else 0
+    return (created_ms, str(row.get("operation/id") or ""))
 
 
 def encode_cursor(row: Mapping[str, Any]) -> str:
-    """The opaque cursor just past `row` (base64url of its order key)."""
-    raw = json.dumps(list(_order_key(row)), separators=(",", ":")).encode("utf-8")
-    return base64.urlsafe_b64encode(raw).decode("ascii").rstrip("=")
+    """The cursor just past `row`: its order key as `<created_at in ms>~<operation/id>`."""
+    created_ms, operation_id = _order_key(row)
+    return f"{created_ms}~{operation_id}"
 
 
-def decode_cursor(cursor: str) -> tuple[str, str]:
-    """The order key a cursor names; `BadCursor` for anything else."""
-    try:
-        raw = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4))
-        key = json.loads(raw.decode("utf-8"))
-    except (binascii.Error, UnicodeDecodeError, ValueError) as error:
-        raise BadCursor("not a cursor of this listing") from error
-    if not (isinstance(key, list) and len(key) == 2 and all(isinstance(k, str) for k in key)):
+def decode_cursor(cursor: str) -> tuple[int, str]:
+    """The order key a cursor names; `BadCursor` for a value not of `CURSOR_PATTERN`.
+
+    Every value of that form is a position in the order (a keyset), handed out or not, so a request that the
+    published pattern allows is never refused for its cursor (CONTRACT §1).
+    """
+    if _CURSOR.fullmatch(cursor) is None:
         raise BadCursor("not a cursor of this listing")
-    return key[0], key[1]
+    created_ms, operation_id = cursor.split("~", 1)
+    return int(created_ms), operation_id
 
 
 def operator_page(

@@ -32,7 +32,7 @@ from typing import Any
 from connector.contract.canonical import canonical_bytes, sha256_hex
 from connector.core import authority
 from connector.core.admission import caller_deadline
-from connector.core.clock import parse_time, wall_clock
+from connector.core.clock import from_ms, wall_clock
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import IllegalTransition, Status, is_terminal
 from connector.core.operator_rows import (
@@ -494,7 +494,7 @@ class HostService:
             raise _invalid_query("status", "unknown-status")
         try:
             before = decode_cursor(after) if after is not None else None
-            start = None if before is None else (parse_time(before[0]), before[1])
+            start = None if before is None else (from_ms(before[0]), before[1])
         except (BadCursor, ValueError):
             raise _invalid_query("after", "unknown-cursor") from None
         if not 1 <= limit <= MAX_PAGE:

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import pytest
 
 from connector.core.operator_rows import (
+    CURSOR_PATTERN,
     BadCursor,
     connector_row,
     decode_cursor,
@@ -70,7 +72,18 @@ def test_a_status_filter_and_the_merge_keep_the_registry_row() -> None:
     assert [r["operation/id"] for r in operator_page(merged, status="completed").rows] == ["op-01"]
 
 
-@pytest.mark.parametrize("cursor", ["", "!!", "bm90IGpzb24", "WzFd"])
+@pytest.mark.parametrize("cursor", ["", "!!", "bm90IGpzb24", "WzFd", "123", "~op", "123456789012345~op"])
 def test_a_cursor_never_handed_out_is_refused(cursor: str) -> None:
     with pytest.raises(BadCursor):
         decode_cursor(cursor)
+
+
+def test_any_cursor_of_the_published_form_is_a_position_handed_out_or_not() -> None:
+    rows = [_row(n) for n in range(5)]
+    handed = operator_page(rows, limit=2).next_after
+    assert handed is not None and re.fullmatch(CURSOR_PATTERN, handed)
+    assert [r["operation/id"] for r in operator_page(rows, after=handed).rows] == ["op-02", "op-01", "op-00"]
+    never = "1767225603500~op-99"  # between op-03 and op-04, never handed out
+    listed = [r["operation/id"] for r in operator_page(rows, after=never).rows]
+    assert listed == ["op-03", "op-02", "op-01", "op-00"]
+    assert decode_cursor("0~a") == (0, "a") and operator_page(rows, after="0~a").rows == ()
