@@ -1,7 +1,9 @@
 """One way to open this project's SQLite files: private mode, WAL, full fsync, secure delete, migrations.
 
 `SqliteStore` is the base of the three stores (connector state, host registry, Bus announcements): one
-connection, one write lock, opened, checkpointed and closed the same way.
+connection, one write lock, opened, checkpointed and closed the same way. Its write queue (`_commit`) is a
+group commit: statements that wait for the same fsync are committed in one transaction, and each caller
+returns only once the transaction holding its statement is durable (CONTRACT §7).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import logging
 import os
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ClassVar, Self
@@ -22,6 +25,7 @@ from connector.storage.files import make_private_dir
 
 # aiosqlite logs SQL parameters (binding addresses among them) at DEBUG: never below INFO here.
 logging.getLogger("aiosqlite").setLevel(logging.INFO)
+_log = logging.getLogger("sensorium.storage")
 
 PRAGMAS = ("synchronous=FULL", "secure_delete=ON", "foreign_keys=ON", "busy_timeout=5000")
 
@@ -67,6 +71,17 @@ async def _migrate(
         )
 
 
+@dataclass(slots=True)
+class _QueuedWrite:
+    """One write statement waiting for the commit that will hold it."""
+
+    sql: str
+    params: tuple[Any, ...]
+    done: bool = False
+    rowcount: int = 0
+    error: BaseException | None = None
+
+
 class SqliteStore:
     """One SQLite file under a data dir (use `await Store.open(data_dir)`, or `async with` on it)."""
 
@@ -78,7 +93,9 @@ class SqliteStore:
     def __init__(self, connection: aiosqlite.Connection, path: Path) -> None:
         self._db = connection
         self._lock = anyio.Lock()
+        self._queued: list[_QueuedWrite] = []
         self.path = path
+        self.commits = 0  # transactions the write queue committed (each one fsync)
 
     @classmethod
     async def open(cls, data_dir: Path) -> Self:
@@ -110,6 +127,63 @@ class SqliteStore:
         """The write lock (a store whose writes must never be cut in half shields it)."""
         async with self._lock:
             yield
+
+    @property
+    def queued_writes(self) -> int:
+        """Statements waiting for a commit that has not begun yet."""
+        return len(self._queued)
+
+    async def _commit(self, sql: str, params: tuple[Any, ...]) -> int:
+        """Run one write statement; durable when this returns (the row count), sharing its commit.
+
+        The statement joins the queue; whoever next holds the write lock commits everything queued in one
+        transaction, so concurrent writers pay one fsync together (group commit). Shielded: a queued
+        statement is committed whatever happens to its caller, and the caller waits for that commit.
+        """
+        write = _QueuedWrite(sql, params)
+        self._queued.append(write)
+        with anyio.CancelScope(shield=True):
+            async with self._writing():
+                if not write.done:
+                    await self._commit_queued()
+        if write.error is not None:
+            raise write.error
+        return write.rowcount
+
+    async def _commit_queued(self) -> None:
+        """Every queued statement in one transaction; a failed commit fails each of them."""
+        batch, self._queued = self._queued, []
+        try:
+            await self._db.execute("BEGIN IMMEDIATE")
+            for write in batch:
+                await self._run_queued(write)
+            await self._db.execute("COMMIT")
+        except Exception as error:
+            await self._roll_back()
+            for write in batch:
+                write.error = write.error or error
+        finally:
+            self.commits += 1
+            for write in batch:
+                write.done = True
+
+    async def _run_queued(self, write: _QueuedWrite) -> None:
+        """One statement of a group; a constraint it breaks refuses it alone (SQLite undoes the statement)."""
+        try:
+            cursor = await self._db.execute(write.sql, write.params)
+        except aiosqlite.IntegrityError as error:
+            write.error = error
+            return
+        write.rowcount = cursor.rowcount
+        await cursor.close()
+
+    async def _roll_back(self) -> None:
+        """End a transaction that could not commit (nothing of it is durable)."""
+        if self._db.in_transaction:
+            try:
+                await self._db.execute("ROLLBACK")
+            except aiosqlite.Error as error:  # unusable connection: the callers hear of the first error
+                _log.error("rolling back a failed commit failed with %s", type(error).__name__)
 
     async def checkpoint(self) -> None:
         """Copy the WAL into the database file and truncate the WAL to zero bytes."""

@@ -9,7 +9,8 @@ Rules of this file:
 - a forgotten binding is erased: a real DELETE under `secure_delete`, then a truncating WAL checkpoint so
   that no copy of the row stays in the WAL file either;
 - a command's input is kept only while its work is pending or running and cleared at the terminal state;
-- one connection; every write goes through one lock and commits before the caller sees the change.
+- one connection; every write goes through one lock and commits before the caller sees the change
+  (concurrent writes share one commit).
 """
 
 from __future__ import annotations
@@ -359,12 +360,11 @@ class ConnectorState(SqliteStore):
     # -- internals ------------------------------------------------------------------------------------
 
     async def _write(self, sql: str, params: tuple[Any, ...]) -> int:
-        """Run one write statement under the lock (autocommit, synchronous=FULL); returns the row count."""
-        async with self._lock:
-            cursor = await self._db.execute(sql, params)
-            count = cursor.rowcount
-            await cursor.close()
-        return count
+        """Run one write statement, committed (synchronous=FULL) on return; returns the row count.
+
+        Concurrent writes share one commit (`SqliteStore._commit`, CONTRACT §7).
+        """
+        return await self._commit(sql, params)
 
 
 def interrupted_metadata(metadata: dict[str, Any], stamp: str) -> dict[str, Any]:
