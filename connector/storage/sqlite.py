@@ -153,11 +153,14 @@ class SqliteStore:
     async def _commit_queued(self) -> None:
         """Every queued statement in one transaction; a failed commit fails each of them."""
         batch, self._queued = self._queued, []
+        grouped = len(batch) > 1  # a lone statement is its own commit (autocommit): two round trips fewer
         try:
-            await self._db.execute("BEGIN IMMEDIATE")
+            if grouped:
+                await self._db.execute("BEGIN IMMEDIATE")
             for write in batch:
                 await self._run_queued(write)
-            await self._db.execute("COMMIT")
+            if grouped:
+                await self._db.execute("COMMIT")
         except Exception as error:
             await self._roll_back()
             for write in batch:
@@ -174,8 +177,8 @@ class SqliteStore:
         except aiosqlite.IntegrityError as error:
             write.error = error
             return
+        # sqlite3 resets a statement that returns no rows once it ran: nothing to close (one round trip).
         write.rowcount = cursor.rowcount
-        await cursor.close()
 
     async def _roll_back(self) -> None:
         """End a transaction that could not commit (nothing of it is durable)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
 from typing import Any
 
 import anyio
@@ -43,16 +44,20 @@ class CommitGate:
         return self._statements
 
     def execute(self, sql: str, parameters: Any = None) -> Any:
-        """The real `execute`, except that COMMIT is gated, recorded, or made to fail."""
+        """The real `execute`, except that a commit (COMMIT, or a lone statement outside a transaction)
+        is gated, recorded, or made to fail."""
         if sql == "COMMIT":
-            return self._commit()
+            return self._commit(self._real.execute(sql))
         if sql.startswith("BEGIN"):
             self._statements = []
         elif parameters is not None:
+            if not self._real.in_transaction:  # autocommit: the statement is its own commit
+                self._statements = [parameters[0]]
+                return self._commit(self._real.execute(sql, parameters))
             self._statements.append(parameters[0])
         return self._real.execute(sql) if parameters is None else self._real.execute(sql, parameters)
 
-    async def _commit(self) -> Any:
+    async def _commit(self, statement: Awaitable[Any]) -> Any:
         self.held_commits += 1
         try:
             await self._open.wait()
@@ -60,7 +65,8 @@ class CommitGate:
             self.held_commits -= 1
         self.attempts += 1
         if self.attempts in self.failing:
+            statement.close()  # type: ignore[attr-defined]
             raise OSError("disk I/O error (injected)")
-        cursor = await self._real.execute("COMMIT")
+        cursor = await statement
         self.groups.append(self._statements)
         return cursor
