@@ -3,13 +3,16 @@
 `SqliteStore` is the base of the three stores (connector state, host registry, Bus announcements): one
 connection, one write lock, opened, checkpointed and closed the same way. Its write queue (`_commit`) is a
 group commit: statements that wait for the same fsync are committed in one transaction, and each caller
-returns only once the transaction holding its statement is durable (CONTRACT §7).
+returns only once the transaction holding its statement is durable (CONTRACT §7). Point reads on hot paths
+(`_read`) go through a second, read-only connection on the event loop's own thread: in WAL mode it reads
+the last committed snapshot without waiting behind the writer's queue or its fsyncs.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import sqlite3
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -94,6 +97,7 @@ class SqliteStore:
         self._db = connection
         self._lock = anyio.Lock()
         self._queued: list[_QueuedWrite] = []
+        self._reader: sqlite3.Connection | None = None
         self.path = path
         self.commits = 0  # transactions the write queue committed (each one fsync)
 
@@ -113,7 +117,10 @@ class SqliteStore:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Checkpoint the WAL into the database file and close the connection (always closes it)."""
+        """Checkpoint the WAL into the database file and close the connections (always closes them)."""
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            reader.close()
         async with self._writing():
             try:
                 if self._db.in_transaction:  # only a crashed write could leave one open
@@ -127,6 +134,23 @@ class SqliteStore:
         """The write lock (a store whose writes must never be cut in half shields it)."""
         async with self._lock:
             yield
+
+    async def _read(self, sql: str, params: tuple[Any, ...]) -> list[Any]:
+        """Every row of a point read (an index lookup: tens of microseconds, so on the loop's thread).
+
+        Read-only and never waiting: when SQLite cannot begin the read at once (a truncating checkpoint
+        holds the WAL) or the reader cannot be used, the writer's connection answers instead.
+        """
+        try:
+            return self._read_only().execute(sql, params).fetchall()  # fetchall ends the read transaction
+        except sqlite3.Error:
+            return list(await self._db.execute_fetchall(sql, params))
+
+    def _read_only(self) -> sqlite3.Connection:
+        if self._reader is None:
+            uri = f"{self.path.resolve().as_uri()}?mode=ro"
+            self._reader = sqlite3.connect(uri, uri=True, timeout=0, isolation_level=None)
+        return self._reader
 
     @property
     def queued_writes(self) -> int:

@@ -305,9 +305,8 @@ class ConnectorState(SqliteStore):
     async def get_discovery(self, operation_id: str) -> DiscoveryRecord | None:
         """The record of a scan, or None."""
         sql = f"SELECT {_DISCOVERY_COLUMNS} FROM discovery_operations WHERE operation_id = ?"
-        async with self._db.execute(sql, (operation_id,)) as cursor:
-            row = await cursor.fetchone()
-        return None if row is None else _discovery_from_row(tuple(row))
+        rows = await self._read(sql, (operation_id,))
+        return _discovery_from_row(tuple(rows[0])) if rows else None
 
     async def list_discoveries(self, limit: int = 500) -> list[DiscoveryRecord]:
         """Scan records: open ones first, then the most recently ended (operator views: metadata only)."""
@@ -321,10 +320,10 @@ class ConnectorState(SqliteStore):
 
     async def locate(self, operation_id: str) -> Located | None:
         """Kind, owner, action and transport of any recorded operation (with a scan's record), or None."""
-        async with self._db.execute(_LOCATE, (operation_id, operation_id)) as cursor:
-            row = await cursor.fetchone()
-        if row is None:
+        rows = await self._read(_LOCATE, (operation_id, operation_id))  # not behind the write queue
+        if not rows:
             return None
+        row = rows[0]
         if row[0] == "command":
             return Located("command", row[2], row[3], None)
         record = _discovery_from_row(tuple(row[1:]))
