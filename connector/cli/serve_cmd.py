@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -207,6 +208,7 @@ def listen(host: str, port: int) -> socket.socket:
 async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
     make_private_dir(config.data_dir)
     async with assemble(config, routers=extra_routers) as assembled:
+        freeze_startup_heap()
         host, port = listener.getsockname()[:2]
         # log_config=None: uvicorn's own records go through our handler (text or JSON Lines) like every other.
         server = _Server(uvicorn.Config(assembled.app, log_level="warning", lifespan="off", log_config=None))
@@ -222,6 +224,17 @@ async def _serve(config: ConnectorConfig, listener: socket.socket) -> None:
         await server.serve(sockets=[listener])
         _log.info("shutting down: stopping sessions with confirmed cleanup")
     _log.info("stopped")
+
+
+def freeze_startup_heap() -> None:
+    """Move what start-up built (modules, schemas, catalog, app: ~90,000 objects) out of the collector's walk.
+
+    It lives as long as the process; left in the oldest generation, every full collection walked it
+    again (50-200 ms with the event loop stopped: a poll's p99), while only what requests and sessions
+    allocate can become garbage.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def extra_routers(assembled: Assembled) -> list[Any]:
