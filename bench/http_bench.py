@@ -285,6 +285,7 @@ async def profiling(args: argparse.Namespace, phase: str, server: Server) -> Asy
     out = Path(args.profile_out or f"bench/{phase}-profile.svg").resolve()
     kind = "raw" if out.suffix == ".txt" else "flamegraph"
     argv = [spy, "record", "--pid", str(server.pid), "--rate", "200", "-f", kind, "-o", str(out)]
+    argv += ["--gil"] if args.profile_gil else []
     recorder = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     await asyncio.sleep(1.0)  # py-spy attaches before the measured requests start
     try:
@@ -494,6 +495,9 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--profile", choices=("healthz", "admit", "status"), help="py-spy this phase")
     parser.add_argument("--profile-out", help="with --profile: output (.svg flame graph, .txt collapsed)")
+    parser.add_argument(
+        "--profile-gil", action="store_true", help="with --profile: only samples holding the GIL (CPU)"
+    )
     return parser.parse_args()
 
 
