@@ -8,6 +8,9 @@ bleak manager), so sessions on one adapter run side by side: BlueZ merges their 
 `merge_discovery_filters`) and each worker re-filters. The filter always asks for every report
 (`DuplicateData` and an RSSI floor), because bluetoothd otherwise signals RSSI only on 8 dB moves and
 advertising data only on change (src/device.c `device_set_rssi_with_delta`, `device_set_manufacturer_data`).
+It never carries `UUIDs` (CONTRACT §6.3): bluetoothd and the kernel match those on the advert's UUID lists
+only (adapter.c and mgmt.c `is_filter_match`), while a scope's UUID also matches a service-data key, which
+Device1 `UUIDs` holds (device.c `add_service_data`); the worker matches UUIDs, names and company ids.
 
 A stop is acknowledged when the worker's bleak `stop()` returned (or BlueZ said this client holds no
 session). Without that, the qualified proof of SPEC 6.7: kill and reap the worker, see its unique bus name
@@ -41,7 +44,7 @@ from providers.base import (
     StartUnconfirmed,
     settle,
 )
-from providers.ble_worker import ADAPTER_IFACE, BLUEZ, DBUS, STOP, config_frame
+from providers.ble_worker import ADAPTER_IFACE, BLUEZ, DBUS, GO, STOP, config_frame
 
 OBJECT_MANAGER_IFACE = "org.freedesktop.DBus.ObjectManager"
 INTROSPECT_IFACE = "org.freedesktop.DBus.Introspectable"
@@ -60,12 +63,9 @@ _NO_BLUETOOTHD = frozenset(
 
 
 def discovery_filters(scope: DiscoveryScope) -> dict[str, Any]:
-    """The BlueZ discovery filter for `scope`: a superset prefilter that asks for every report."""
-    hint = backend_filter_hint(scope)
-    pushed: dict[str, Any] = {"DuplicateData": True}
-    if hint.get("service_uuids"):
-        pushed["UUIDs"] = list(hint["service_uuids"])
-    floor = hint.get("min_rssi_dbm")
+    """The BlueZ discovery filter for `scope`: LE, every report, an RSSI floor (CONTRACT §6.3)."""
+    floor = backend_filter_hint(scope).get("min_rssi_dbm")
+    pushed: dict[str, Any] = {"Transport": "le", "DuplicateData": True}
     # An RSSI filter even without a floor: with one set, bluetoothd signals every report's RSSI.
     pushed["RSSI"] = (
         _RSSI_FILTER_MIN if floor is None else max(_RSSI_FILTER_MIN, min(floor, _RSSI_FILTER_MAX))
@@ -89,6 +89,12 @@ class BusLink:
         self._bus: MessageBus | None = None
         self._lock = asyncio.Lock()
         self._gone: dict[str, asyncio.Event] = {}
+        # The NameOwnerChanged rules added per worker name (on which connection, how many): removed when the
+        # session is forgotten, so that no rule outlives its session (dbus-daemon allows 512 per connection).
+        self._rules: dict[str, tuple[MessageBus, int]] = {}
+        # One start at a time per adapter: bluetoothd answers only the last of two starts whose kernel
+        # commands overlap (adapter.c `start_discovery` overwrites `adapter->client`).
+        self.starts: dict[str, asyncio.Lock] = {}
         # The last default seen: a bluetoothd that does not answer now still had this one powered first.
         self.last_default: str | None = None
 
@@ -127,8 +133,10 @@ class BusLink:
     async def watch_name(self, name: str) -> None:
         """Start watching a worker's unique name for its release (before anything could release it)."""
         event = self._gone.setdefault(name, asyncio.Event())
-        rule = f"type='signal',sender='{DBUS}',interface='{DBUS}',member='NameOwnerChanged',arg0='{name}'"
-        await self._call(_method(DBUS, "/org/freedesktop/DBus", DBUS, "AddMatch", "s", rule))
+        bus = await self.bus()
+        await self._call(_method(DBUS, "/org/freedesktop/DBus", DBUS, "AddMatch", "s", _name_rule(name)))
+        held = self._rules.get(name)
+        self._rules[name] = (bus, held[1] + 1 if held is not None and held[0] is bus else 1)
         reply = await self._call(_method(DBUS, "/org/freedesktop/DBus", DBUS, "NameHasOwner", "s", name))
         if reply.message_type != MessageType.ERROR and not reply.body[0]:
             event.set()
@@ -143,8 +151,13 @@ class BusLink:
         return event is not None and event.is_set()
 
     def forget(self, name: str) -> None:
-        """Stop tracking a name (its session is over)."""
+        """Stop tracking a name (its session is over) and remove its match rules from the bus."""
         self._gone.pop(name, None)
+        bus, count = self._rules.pop(name, (None, 0))
+        if bus is None or not bus.connected:
+            return  # a closed connection took its rules with it
+        for _ in range(count):
+            bus.send(_method(DBUS, "/org/freedesktop/DBus", DBUS, "RemoveMatch", "s", _name_rule(name)))
 
     async def bluez_answers(self) -> bool:
         """One round trip to org.bluez; True when bluetoothd answered (or no bluetoothd runs at all)."""
@@ -171,6 +184,10 @@ class BusLink:
                 powered.append(path.rsplit("/", 1)[1])
         self.last_default = min(powered) if powered else None
         return self.last_default
+
+
+def _name_rule(name: str) -> str:
+    return f"type='signal',sender='{DBUS}',interface='{DBUS}',member='NameOwnerChanged',arg0='{name}'"
 
 
 _links: dict[tuple[asyncio.AbstractEventLoop, str], BusLink] = {}
@@ -214,9 +231,12 @@ class BleSession(BaseSession):
         link: BusLink,
         *,
         coalesce: bool = True,
+        start_lock: asyncio.Lock | None = None,
     ) -> None:
         super().__init__(scope, sink)
         self._coalesce = coalesce
+        self._start_lock = start_lock or asyncio.Lock()
+        self._grant: asyncio.Task[None] | None = None
         self._adapter_path = adapter_path
         self._link = link
         self._proc: asyncio.subprocess.Process | None = None
@@ -267,6 +287,14 @@ class BleSession(BaseSession):
 
     async def _abandon(self) -> bool:
         """After a failed start: True when nothing is left (the worker never reached the bus, or proven)."""
+        # EOF first: a worker cut off before its discovery started clears its pre-set filter and exits
+        # (CONTRACT §6.5); one that lingers is killed.
+        proc = self._proc
+        if proc is not None and proc.stdin is not None and proc.returncode is None:
+            proc.stdin.close()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(_EXIT_BOUND_S):
+                    await proc.wait()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_EXIT_BOUND_S):
                 await self._kill()
@@ -312,6 +340,7 @@ class BleSession(BaseSession):
         elif kind == "bus":
             self.unique_name = message[1]
             await self._link.watch_name(message[1])
+            self._grant = asyncio.ensure_future(self._grant_start())
         elif kind == "ready":
             _resolve(self._started, None)
         elif kind == "error":
@@ -319,8 +348,22 @@ class BleSession(BaseSession):
                 self._started.set_exception(_start_error(message[1], message[2]))
         elif kind == "gone":
             self._failed(ProviderRestarted("the BLE adapter or bluetoothd went away during the session"))
+        elif kind == "deaf":
+            self._failed(ProviderError("the BLE adapter stopped discovering and could not be restarted"))
         elif kind == "stopped" and self._stop_answer is not None:
             _resolve(self._stop_answer, message[1])
+
+    async def _grant_start(self) -> None:
+        """Let the worker start discovery while it holds the adapter's start turn (until it is started)."""
+        async with self._start_lock:
+            proc = self._proc
+            if self._started.done() or proc is None or proc.stdin is None or proc.stdin.is_closing():
+                return
+            try:
+                proc.stdin.write(GO)
+            except (ConnectionError, RuntimeError):
+                return  # the worker is gone: its reader ends the start
+            await asyncio.wait({self._started})
 
     def _on_exit(self) -> None:
         self._exited = True
@@ -416,7 +459,7 @@ class BleProvider:
         self._link = link
         self._capabilities = ProviderCapabilities(
             transport="ble",
-            backend_filters=frozenset({"service_uuids", "min_rssi_dbm"}),
+            backend_filters=frozenset({"min_rssi_dbm"}),  # never UUIDs (CONTRACT §6.3)
             # Every session is a BlueZ discovery client of its own (SPEC 6.7).
             concurrent_sessions=True,
         )
@@ -447,6 +490,14 @@ class BleProvider:
             name = await self.resolve_adapter(scope)
             if name is None:
                 raise ProviderUnavailable("no powered BLE adapter is available")
-        session = BleSession(scope, sink, f"/org/bluez/{name}", self._link(), coalesce=not self._every_report)
+        link = self._link()
+        session = BleSession(
+            scope,
+            sink,
+            f"/org/bluez/{name}",
+            link,
+            coalesce=not self._every_report,
+            start_lock=link.starts.setdefault(name, asyncio.Lock()),
+        )
         await session.open()
         return session

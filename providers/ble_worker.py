@@ -9,11 +9,19 @@ process dies (src/adapter.c `discovery_disconnect`). Rules of this file:
   PropertiesChanged with the merged properties (bleak/backends/bluezdbus/manager.py `_parse_msg` ->
   `_run_advertisement_callbacks`), so the worker's manager marks the message being parsed and the callback
   keeps only those that carry a report;
-- in-scope observations cross to the parent in batches, as `marshal` frames of plain tuples.
+- in-scope observations cross to the parent in batches, as `marshal` frames of plain tuples;
+- on a real controller (CONTRACT §6.5; src/adapter.c): a session joining an adapter that is already
+  discovering starts with a Pathloss-only filter and sends its own filter right behind StartDiscovery, so
+  that the merged filter changes and bluetoothd restarts the scan (`update_discovery_filter`) before it
+  answers; a failed or cut-off start clears its pre-set filter before the process goes (else its
+  disconnect runs `discovery_stop` on the adapter: `discovery_disconnect`); `Discovering` false on a powered
+  adapter is answered by a restart (the filter sent again) or the ("deaf",) frame; BR/EDR-only devices
+  (`Class` without LE advertising flags) are dropped.
 
 Frames on stdout (4-byte big-endian length + marshal): ("bus", unique_name), ("ready",),
-("error", code, rule), ("o", [observation tuples]), ("gone",), ("stopped", refusal or None).
-On stdin: a first frame with the pickled config, then one byte per command (b"S": stop discovery).
+("error", code, rule), ("o", [observation tuples]), ("gone",), ("deaf",), ("stopped", refusal or None).
+On stdin: a first frame with the pickled config, then one byte per command (b"G": start discovery now,
+b"S": stop discovery).
 """
 
 from __future__ import annotations
@@ -35,6 +43,9 @@ from connector.core.observations import BleObservation
 _LEN = struct.Struct(">I")
 _as_observation = tuple.__new__
 STOP = b"S"
+# The connector lets one worker per adapter start at a time: bluetoothd answers only the last of two starts
+# whose kernel commands overlap (adapter.c `start_discovery` overwrites `adapter->client`).
+GO = b"G"
 # In-scope observations are batched this long (or up to _BATCH_MAX devices): one pipe write and one parent
 # wake-up per batch. Within a batch only each device's latest in-scope report crosses: the parent stamps a
 # batch with one arrival time and keeps only a device's latest advert, so earlier ones of the same batch
@@ -65,6 +76,13 @@ UNAVAILABLE_ERRORS = frozenset(
 # bluetoothd's answer (org.bluez.Error.Failed) when this client has no discovery session (adapter.c
 # `stop_discovery`).
 NO_SESSION_TEXT = "No discovery started"
+# A filter without RSSI: the merged RSSI is cleared (adapter.c `merge_discovery_filters`), while
+# bluetoothd's own proximity test passes every report (`is_filter_match`) and RSSI is still signalled at
+# every report (`discovery_filter_has_proximity`). PATHLOSS_MAX is the widest value `parse_pathloss` takes.
+JOIN_FILTER: dict[str, Any] = {"Transport": "le", "DuplicateData": True, "Pathloss": 137}
+# How long a restart after `Discovering` turned false may take, and a clear of the filter on the way out.
+REDISCOVER_BOUND_S = 2.0
+CLEAR_BOUND_S = 0.5
 
 
 def frame(payload: Any) -> bytes:
@@ -122,20 +140,25 @@ def _read_config() -> dict[str, Any]:
 
 
 class _Commands(asyncio.Protocol):
-    """stdin: stop commands; EOF (the connector closed it or died) ends the process at once."""
+    """stdin: stop commands; EOF (the connector closed it or died) ends the process (`on_eof`)."""
 
-    def __init__(self, on_stop: Any) -> None:
+    def __init__(self, on_go: Any, on_stop: Any, on_eof: Any) -> None:
+        self._on_go = on_go
         self._on_stop = on_stop
+        self._on_eof = on_eof
 
     def data_received(self, data: bytes) -> None:
+        if GO in data:
+            self._on_go()
         for _ in range(data.count(STOP)):
             self._on_stop()
 
     def eof_received(self) -> bool | None:
-        os._exit(0)
+        self._on_eof()
+        return True
 
     def connection_lost(self, exc: Exception | None) -> None:
-        os._exit(0)
+        self._on_eof()
 
 
 class Worker:
@@ -158,6 +181,10 @@ class Worker:
         self._tasks: set[asyncio.Future[None]] = set()
         self._manager: Any = None
         self._scanner: Any = None
+        self._starting = False  # a pre-set filter of ours may be in bluetoothd's set_filter_list
+        self._discovering = asyncio.Event()
+        self._rediscovering = False
+        self._go = asyncio.Event()
 
     def send(self, payload: Any) -> None:
         """Queue one frame to the parent."""
@@ -168,7 +195,9 @@ class Worker:
         """Connect, start discovery, then serve stop commands until stdin closes."""
         loop = asyncio.get_running_loop()
         self._out, _ = await loop.connect_write_pipe(asyncio.Protocol, os.fdopen(1, "wb", buffering=0))
-        await loop.connect_read_pipe(lambda: _Commands(self._on_stop), os.fdopen(0, "rb", buffering=0))
+        await loop.connect_read_pipe(
+            lambda: _Commands(self._go.set, self._on_stop, self._on_eof), os.fdopen(0, "rb", buffering=0)
+        )
         error = await self._start()
         if error is not None:
             self.send(("error", *error))
@@ -178,6 +207,20 @@ class Worker:
             if self._lost:  # the adapter went away while discovery was starting
                 self._gone()
         await asyncio.Event().wait()  # until stdin closes (os._exit)
+
+    def _on_eof(self) -> None:
+        """The connector closed the pipe (or died): go, after clearing a pre-set filter of a cut-off start."""
+        if not self._starting or self._manager is None:
+            os._exit(0)
+        self._starting = False
+        task = asyncio.ensure_future(self._leave())
+        self._tasks.add(task)
+
+    async def _leave(self) -> None:
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(CLEAR_BOUND_S):
+                await self._manager.clear_filter(self._adapter_path)
+        os._exit(0)
 
     async def _start(self) -> tuple[str, str] | None:
         """Start; None on success, else (error code, rule)."""
@@ -201,7 +244,7 @@ class Worker:
         from bleak.backends.bluezdbus import manager as bleak_manager
         from dbus_fast import Message, MessageType
 
-        self._manager = _gated_manager(bleak_manager, self._on_signal)
+        self._manager = _gated_manager(bleak_manager, self._on_signal, self._on_preset)
         # bleak keeps one manager per event loop; ours is seeded first so that bleak's scanner uses it.
         bleak_manager._global_instances[asyncio.get_running_loop()] = self._manager
         await bleak_manager.get_global_bluez_manager()
@@ -236,6 +279,7 @@ class Worker:
             self._on_advert,
             bluez={"adapter": self._adapter_path.rsplit("/", 1)[1], "filters": cast(Any, self._filters)},
         )
+        await self._go.wait()
         await self._scanner.start()
         return None
 
@@ -244,18 +288,67 @@ class Worker:
             await bus.wait_for_disconnect()
         self._gone()
 
+    def _on_preset(self, preset: bool) -> None:
+        """The manager set (True) or no longer holds (False) a filter that is not discovering yet."""
+        self._starting = preset
+
     def _on_signal(self, message: Any) -> None:
-        """Adapter powered off or removed, bluetoothd gone: the session cannot go on."""
+        """Adapter powered off or removed, bluetoothd gone: the session cannot go on; deaf: restart."""
         member, body = message.member, message.body
         if member == "PropertiesChanged" and message.path == self._adapter_path:
             powered = body[1].get("Powered")
             lost = powered is not None and not powered.value
+            discovering = body[1].get("Discovering")
+            if discovering is not None and not lost:
+                self._on_discovering(bool(discovering.value))
         elif member == "InterfacesRemoved":
             lost = body[0] == self._adapter_path and ADAPTER_IFACE in body[1]
         else:
             lost = member == "NameOwnerChanged" and body[0] == BLUEZ
         if lost:
             self._gone()
+
+    def _on_discovering(self, value: bool) -> None:
+        if value:
+            self._discovering.set()
+            return
+        self._discovering.clear()
+        if self._open and not self._rediscovering:
+            self._rediscovering = True
+            task = asyncio.ensure_future(self._rediscover())
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _rediscover(self) -> None:
+        """`Discovering` false on a powered adapter (CONTRACT §6.5): send the filter again, which restarts
+        the scan while bluetoothd is not discovering (adapter.c `update_discovery_filter`), else "deaf"."""
+        from dbus_fast import Message, MessageType
+
+        try:
+            bus = self._manager._bus
+            get = Message(
+                destination=BLUEZ,
+                path=self._adapter_path,
+                interface=PROPERTIES_IFACE,
+                member="Get",
+                signature="ss",
+                body=[ADAPTER_IFACE, "Powered"],
+            )
+            async with asyncio.timeout(REDISCOVER_BOUND_S):
+                reply = await bus.call(get)
+                if reply.message_type == MessageType.ERROR or not reply.body[0].value:
+                    self._gone()  # powered off (or gone): not deafness
+                    return
+                if not self._open:
+                    return
+                await self._manager.set_filter(self._adapter_path, self._filters)
+                await self._discovering.wait()
+        except Exception:
+            if self._open:
+                self._open = False
+                self.send(("deaf",))
+        finally:
+            self._rediscovering = False
 
     def _gone(self) -> None:
         self._lost = True
@@ -266,6 +359,9 @@ class Worker:
     def _on_advert(self, device: Any, adv: Any) -> None:
         if not (self._open and self._manager.report):
             return
+        props = device.details["props"]
+        if "Class" in props and "AdvertisingFlags" not in props:
+            return  # BR/EDR only: another program's plain discovery found it (CONTRACT §6.5)
         # The plain tuple crosses the pipe (marshal takes exact tuples); the observation view of the same
         # fields is built without NamedTuple's Python-level __new__: this runs for every report.
         address = device.address
@@ -326,8 +422,25 @@ class Worker:
         return None
 
 
-def _gated_manager(bleak_manager: Any, on_signal: Any) -> Any:
-    """bleak's BlueZ manager, marking whether the message it parses is an advertisement report."""
+def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any) -> Any:
+    """bleak's BlueZ manager, marking whether the message it parses is an advertisement report, and
+    starting discovery as CONTRACT §6.5 asks (`active_scan`)."""
+    from bleak.backends.bluezdbus.utils import assert_reply
+    from dbus_fast import Message, Variant
+
+    def adapter_call(path: str, member: str, *filters: dict[str, Any]) -> Message:
+        body = [
+            {k: v if isinstance(v, Variant) else Variant(_SIGNATURES[k], v) for k, v in f.items()}
+            for f in filters
+        ]
+        return Message(
+            destination=BLUEZ,
+            path=path,
+            interface=ADAPTER_IFACE,
+            member=member,
+            signature="a{sv}" if filters else "",
+            body=body,
+        )
 
     class ReportGate(bleak_manager.BlueZManager):  # type: ignore[misc]
         report = False
@@ -340,7 +453,85 @@ def _gated_manager(bleak_manager: Any, on_signal: Any) -> Any:
                 self.report = False
             on_signal(message)
 
+        async def set_filter(self, adapter_path: str, filters: dict[str, Any]) -> None:
+            assert_reply(await self._bus.call(adapter_call(adapter_path, "SetDiscoveryFilter", filters)))
+
+        async def clear_filter(self, adapter_path: str) -> None:
+            assert_reply(await self._bus.call(adapter_call(adapter_path, "SetDiscoveryFilter", {})))
+
+        async def active_scan(
+            self, adapter_path: str, filters: dict[str, Any], on_advert: Any, on_removed: Any
+        ) -> Any:
+            """bleak's `active_scan` (same callbacks, same stop), with the start of CONTRACT §6.5."""
+            async with self._bus_lock:
+                self._check_adapter(adapter_path)
+                self._advertisement_callbacks[adapter_path].append(on_advert)
+                removed = bleak_manager.DeviceRemovedCallbackAndState(on_removed, adapter_path)
+                self._device_removed_callbacks.append(removed)
+                try:
+                    await self._start(adapter_path, filters)
+                except BaseException:
+                    self._advertisement_callbacks[adapter_path].remove(on_advert)
+                    self._device_removed_callbacks.remove(removed)
+                    raise
+
+            async def stop() -> None:
+                self._advertisement_callbacks[adapter_path].remove(on_advert)
+                self._device_removed_callbacks.remove(removed)
+                async with self._bus_lock:
+                    await self._stop(adapter_path)
+
+            return stop
+
+        async def _start(self, adapter_path: str, filters: dict[str, Any]) -> None:
+            # Joining a running discovery: a Pathloss-only filter first, our own one right behind the
+            # StartDiscovery (pipelined), so the merged filter changes and bluetoothd restarts the
+            # scan before it answers the start (adapter.c `update_discovery_filter`, `start_discovery`).
+            adapter = self._properties.get(adapter_path, {}).get(ADAPTER_IFACE, {})
+            joining = bool(adapter.get("Discovering"))
+            await self.set_filter(adapter_path, JOIN_FILTER if joining else filters)
+            on_preset(True)
+            try:
+                start = asyncio.ensure_future(self._bus.call(adapter_call(adapter_path, "StartDiscovery")))
+                final = asyncio.ensure_future(self.set_filter(adapter_path, filters)) if joining else None
+                try:
+                    assert_reply(await start)
+                finally:
+                    if final is not None:
+                        await final
+            except BaseException:
+                # bleak would leave the filter pre-set; its disconnect could stop the adapter
+                # (adapter.c `discovery_disconnect` -> `discovery_stop`).
+                with contextlib.suppress(Exception):
+                    async with asyncio.timeout(CLEAR_BOUND_S):
+                        await self.clear_filter(adapter_path)
+                raise
+            finally:
+                on_preset(False)
+
+        async def _stop(self, adapter_path: str) -> None:
+            # bleak's stop: StopDiscovery (its recovery from a rejected stop), then the filter cleared.
+            from bleak.backends.bluezdbus import defs
+            from bleak.exc import BleakDBusError
+
+            reply = await self._bus.call(adapter_call(adapter_path, "StopDiscovery"))
+            if reply.error_name == defs.BLUEZ_ERROR_IN_PROGRESS:
+                reply = await self._recover_from_rejected_stop(adapter_path)
+                if reply is None:
+                    return
+            try:
+                assert_reply(reply)
+            except BleakDBusError as exc:
+                if exc.dbus_error != defs.BLUEZ_ERROR_NOT_READY:
+                    raise
+            else:
+                await self.clear_filter(adapter_path)
+
     return ReportGate()
+
+
+# The D-Bus types of the filter keys the worker sends (adapter.c `parsers[]`).
+_SIGNATURES = {"Transport": "s", "DuplicateData": "b", "RSSI": "n", "Pathloss": "q", "UUIDs": "as"}
 
 
 def main() -> None:

@@ -1,10 +1,12 @@
 """Emulated BlueZ for tests: a private dbus-daemon as the system bus and `bluez_emu.py` as bluetoothd.
 
 Real bleak talks to it unmodified. `BluezController` plays the radio and the operator: adapters appear,
-power off or vanish; devices advertise (each call is one advertising report, which the emulator passes on
-by bluetoothd's rules), cached devices change non-advertising properties; StopDiscovery can fail, never
-answer, or the whole daemon can wedge. Control calls use blocking libdbus (dbus-python) on a private
-connection, so the controller works from any event loop or none.
+power off or vanish; devices advertise (each call is one advert on the air, which the emulated controller
+reports once per scan and bluetoothd passes on by its rules), cached devices change non-advertising
+properties; StopDiscovery can fail, never answer, or the whole daemon can wedge; tests drive the
+controller's scan cycle (`end_cycle`) or set its length and the daemon's timeouts (`configure`). Control
+calls use blocking libdbus (dbus-python) on a private connection, so the controller works from any event
+loop or none.
 """
 
 from __future__ import annotations
@@ -61,8 +63,11 @@ def _advert(
     manufacturer_data: Mapping[int, bytes] | None,
     service_data: Mapping[str, bytes] | None,
     tx_power: int | None,
+    device_class: int | None = None,
 ) -> dict[str, Any]:
     adv: dict[str, Any] = {"rssi": rssi, "uuids": list(service_uuids or ())}
+    if device_class is not None:
+        adv["class"] = device_class
     if name is not None:
         adv["name"] = name
     if manufacturer_data:
@@ -114,7 +119,7 @@ class BluezController:
         self.control("set_powered", name=adapter or self.adapter, powered=powered)
 
     def discovering(self, adapter: str | None = None) -> bool:
-        """The adapter's Discovering property."""
+        """The adapter's Discovering property (bluetoothd's belief, not always the kernel's)."""
         return bool(self.control("discovering", adapter=adapter or self.adapter))
 
     def clients(self, adapter: str | None = None) -> list[str]:
@@ -136,6 +141,8 @@ class BluezController:
         service_data: Mapping[str, bytes] | None = None,
         tx_power: int | None = None,
         adapter: str | None = None,
+        device_class: int | None = None,
+        connectable: bool | None = None,
     ) -> str:
         """A device advertises (its first report creates the Device1 object); returns its object path."""
         self.advertise(
@@ -147,6 +154,8 @@ class BluezController:
             service_data=service_data,
             tx_power=tx_power,
             adapter=adapter,
+            device_class=device_class,
+            connectable=connectable,
         )
         return device_path(adapter or self.adapter, address)
 
@@ -161,9 +170,11 @@ class BluezController:
         service_data: Mapping[str, bytes] | None = None,
         tx_power: int | None = None,
         adapter: str | None = None,
+        device_class: int | None = None,
+        connectable: bool | None = None,
     ) -> bool:
-        """One advertising report (the device's last advert, with the given fields changed); True when
-        bluetoothd passed it on (discovering and wanted)."""
+        """One advert on the air (the device's last advert, with the given fields changed); True when the
+        controller reported it and bluetoothd passed it on. `device_class`: a BR/EDR inquiry result."""
         last = self._adverts.get(address, {"rssi": -60, "uuids": []})
         adv = dict(last)
         adv.update(
@@ -174,12 +185,60 @@ class BluezController:
                 manufacturer_data,
                 service_data,
                 tx_power,
+                device_class,
             )
         )
+        if connectable is not None:
+            adv["connectable"] = connectable
         if service_uuids is None:
             adv["uuids"] = last["uuids"]
         self._adverts[address] = adv
         return bool(self.control("report", adapter=adapter or self.adapter, address=address, adv=adv))
+
+    def configure(
+        self,
+        *,
+        duplicate_filter: bool | None = None,
+        cycle_s: float | None = None,
+        idle_s: float | None = None,
+        temporary_timeout_s: float | None = None,
+        mgmt_delay_s: float | None = None,
+    ) -> None:
+        """The controller's duplicate filter and scan cycle, bluetoothd's idle and temporary timeouts, the
+        kernel's command latency (defaults: on, 10.24 s, 5 s, 30 s, 0 s)."""
+        knobs = {
+            "duplicate_filter": duplicate_filter,
+            "cycle_s": cycle_s,
+            "idle_s": idle_s,
+            "temporary_timeout_s": temporary_timeout_s,
+            "mgmt_delay_s": mgmt_delay_s,
+        }
+        self.control("configure", **{k: v for k, v in knobs.items() if v is not None})
+
+    def end_cycle(self, adapter: str | None = None) -> bool:
+        """The kernel ends the running scan now (its LE discovery timeout, or it stops by itself); True when
+        a scan was running. bluetoothd restarts it by its rules."""
+        return bool(self.control("end_cycle", adapter=adapter or self.adapter))
+
+    def scanning(self, adapter: str | None = None) -> bool:
+        """True while the kernel scans, whatever bluetoothd's Discovering says."""
+        return bool(self.control("scanning", adapter=adapter or self.adapter))
+
+    def scans_started(self) -> int:
+        """Scans the kernel started so far (each empties the controller's duplicate filter)."""
+        return int(self.control("scans_started"))
+
+    def presets(self, adapter: str | None = None) -> list[str]:
+        """Senders whose filter waits in bluetoothd's set_filter_list (pre-set, or kept after a stop)."""
+        return list(self.control("presets", adapter=adapter or self.adapter))
+
+    def fail_kernel_start(self, status: int = 0x03) -> None:
+        """The next kernel start fails (MGMT_STATUS_FAILED by default)."""
+        self.control("fail_kernel_start", status=status)
+
+    def reject_kernel_stop(self) -> None:
+        """The next kernel stop is rejected: the scan had just ended by itself (bluez/bluez#807)."""
+        self.control("reject_kernel_stop")
 
     def forget_advert(self, address: str) -> None:
         """The device starts over (e.g. after it was removed): its next report is all that it sends."""
@@ -269,8 +328,8 @@ class BluezController:
         self.unwedge()
         self.release_stalled()
 
-    def fail_start(self, error: str = "org.bluez.Error.Failed") -> None:
-        """Make StartDiscovery answer with a D-Bus error."""
+    def fail_start(self, error: str | None = "org.bluez.Error.Failed") -> None:
+        """Make StartDiscovery answer with a D-Bus error (None: succeed again)."""
         self.control("fail_start", error=error)
 
     def wedge_after_start(self) -> None:
@@ -443,3 +502,12 @@ def bluez() -> Iterator[BluezController]:
                 controller.lift_stall()
             close_links()  # the connector's link outlives its sessions; the test's loop does not
             controller.close()
+
+
+@pytest.fixture
+def every_advert(bluez: BluezController) -> BluezController:
+    """The emulated controller reports every advert, not once per scan: a controller without duplicate
+    filtering, or with an advertisement monitor registered (hci_sync.c `hci_active_scan_sync`). For tests of
+    what bluetoothd and the provider do with each report; the filter itself is tested on its own."""
+    bluez.configure(duplicate_filter=False)
+    return bluez

@@ -13,9 +13,9 @@ import pytest
 from connector.core.observations import BleObservation
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from providers.ble import BleProvider, BleSession, discovery_filters
-from tests.providers.bluez_mock import BluezController, RecordingSink, bluez
+from tests.providers.bluez_mock import BluezController, RecordingSink, bluez, every_advert
 
-__all__ = ["bluez"]  # the fixture, imported above
+__all__ = ["bluez", "every_advert"]  # the fixtures, imported above
 
 HEART = "0000180d-0000-1000-8000-00805f9b34fb"
 ENV_SENSING = "0000181a-0000-1000-8000-00805f9b34fb"
@@ -79,30 +79,31 @@ async def barrier(bluez: BluezController, sink: RecordingSink, **marker: Any) ->
 def test_capabilities_declare_pushed_down_filters_and_concurrent_sessions() -> None:
     caps = BleProvider().capabilities
     assert caps.transport == "ble"
-    assert caps.backend_filters == frozenset({"service_uuids", "min_rssi_dbm"})
+    assert caps.backend_filters == frozenset({"min_rssi_dbm"})  # UUIDs are matched in the worker
     assert caps.concurrent_sessions is True  # every session is a BlueZ discovery client of its own
 
 
 @pytest.mark.parametrize(
     ("scope", "expected"),
     [
-        # Always every report: DuplicateData, and an RSSI filter at BlueZ's lowest value without a floor.
-        (ble_scope(manufacturer_ids=(APPLE,)), {"DuplicateData": True, "RSSI": -127}),
+        # Always LE and every report: DuplicateData, and an RSSI filter at BlueZ's lowest value without a
+        # floor; never UUIDs (CONTRACT §6.3: BlueZ would match them on the advert's UUID lists only).
+        (ble_scope(manufacturer_ids=(APPLE,)), {"Transport": "le", "DuplicateData": True, "RSSI": -127}),
         (
             ble_scope(service_uuids=(HEART, ENV_SENSING)),
-            {"DuplicateData": True, "UUIDs": [HEART, ENV_SENSING], "RSSI": -127},
+            {"Transport": "le", "DuplicateData": True, "RSSI": -127},
         ),
         (
             ble_scope(service_uuids=(HEART,), min_rssi_dbm=-70),
-            {"DuplicateData": True, "UUIDs": [HEART], "RSSI": -70},
+            {"Transport": "le", "DuplicateData": True, "RSSI": -70},
         ),
         # BlueZ accepts -127..20: a higher floor is pushed as 20 (still a superset), a lower one as -127.
-        (ble_scope(min_rssi_dbm=40), {"DuplicateData": True, "RSSI": 20}),
-        (ble_scope(min_rssi_dbm=-128), {"DuplicateData": True, "RSSI": -127}),
+        (ble_scope(min_rssi_dbm=40), {"Transport": "le", "DuplicateData": True, "RSSI": 20}),
+        (ble_scope(min_rssi_dbm=-128), {"Transport": "le", "DuplicateData": True, "RSSI": -127}),
         # Exclusions are never pushed down: BlueZ filters only select.
         (
             ble_scope(name_prefix="x", exclusions=ScopeFilter(service_uuids=(HEART,))),
-            {"DuplicateData": True, "RSSI": -127},
+            {"Transport": "le", "DuplicateData": True, "RSSI": -127},
         ),
     ],
 )
@@ -140,6 +141,7 @@ async def test_device_added_during_the_scan_reaches_the_sink_with_its_advert(blu
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")
 async def test_rssi_and_advert_updates_reach_the_sink(bluez: BluezController) -> None:
     sink = RecordingSink()
     session = await BleProvider().start(ble_scope(manufacturer_ids=(APPLE,)), sink)
@@ -176,13 +178,12 @@ async def test_a_cached_device_whose_other_properties_flip_is_no_observation(blu
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")
 async def test_a_steady_device_is_observed_at_every_report(bluez: BluezController) -> None:
     sink = RecordingSink()
     session = await BleProvider().start(ble_scope(service_uuids=(HEART,)), sink)
     pushed = bluez.filters()
-    assert list(pushed.values()) == [
-        {"Transport": "le", "DuplicateData": True, "UUIDs": [HEART], "RSSI": -127}
-    ]
+    assert list(pushed.values()) == [{"Transport": "le", "DuplicateData": True, "RSSI": -127}]
     data = {APPLE: b"\x01\x02"}
     bluez.add_device(DEV_A, service_uuids=[HEART], rssi=-60, manufacturer_data=data)
     await reports_of(sink, DEV_A, 1)
@@ -195,6 +196,7 @@ async def test_a_steady_device_is_observed_at_every_report(bluez: BluezControlle
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")
 async def test_a_removed_device_stops_being_observed(bluez: BluezController) -> None:
     sink = RecordingSink()
     session = await BleProvider().start(ble_scope(service_uuids=(HEART,)), sink)
@@ -212,15 +214,14 @@ async def test_a_removed_device_stops_being_observed(bluez: BluezController) -> 
 
 
 @pytest.mark.asyncio
-async def test_service_uuids_are_pushed_down_and_out_of_scope_devices_never_reach_the_sink(
+async def test_service_uuids_are_matched_in_the_worker_and_out_of_scope_devices_never_reach_the_sink(
     bluez: BluezController,
 ) -> None:
     sink = RecordingSink()
     session = await BleProvider().start(ble_scope(service_uuids=(HEART,)), sink)
     pushed = bluez.method_calls("SetDiscoveryFilter")[0][0]
-    assert pushed["UUIDs"] == [HEART]
-    assert pushed["Transport"] == "le"
-    # Another client's wider filter: bluetoothd merges filters, so this session sees more than it asked for.
+    assert "UUIDs" not in pushed and pushed["Transport"] == "le"  # CONTRACT §6.3
+    # Another client: bluetoothd passes every device to both, and each session re-filters.
     other = BleProvider()
     wide = await other.start(ble_scope(manufacturer_ids=(APPLE,)), RecordingSink())
     bluez.add_device(DEV_B, service_uuids=[ENV_SENSING], manufacturer_data={APPLE: b"\x01"})
@@ -235,6 +236,7 @@ async def test_service_uuids_are_pushed_down_and_out_of_scope_devices_never_reac
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")
 async def test_manufacturer_name_and_exclusion_filters_run_in_the_provider(bluez: BluezController) -> None:
     scope = ble_scope(
         manufacturer_ids=(APPLE,), name_prefix="Tag", exclusions=ScopeFilter(service_uuids=(ENV_SENSING,))
@@ -252,6 +254,7 @@ async def test_manufacturer_name_and_exclusion_filters_run_in_the_provider(bluez
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")
 async def test_rssi_floor_is_pushed_down_and_enforced(bluez: BluezController) -> None:
     sink = RecordingSink()
     session = await BleProvider().start(ble_scope(service_uuids=(HEART,), min_rssi_dbm=-70), sink)
@@ -324,6 +327,7 @@ async def test_nothing_is_left_running_after_stop(bluez: BluezController) -> Non
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")
 async def test_a_burst_of_adverts_reaches_the_sink_complete_and_in_order(bluez: BluezController) -> None:
     sink = RecordingSink()
     session = await BleProvider().start(ble_scope(service_uuids=(HEART,)), sink)

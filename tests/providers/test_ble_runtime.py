@@ -31,10 +31,10 @@ from connector.runtime.claims import claim_key
 from connector.runtime.manager import DiscoveryManager
 from providers.base import ObservationSink, ProviderSession, settle
 from providers.ble import BleProvider, BleSession
-from tests.providers.bluez_mock import BluezController, RecordingSink, bluez
+from tests.providers.bluez_mock import BluezController, RecordingSink, bluez, every_advert
 from tests.support.waiting import poll
 
-__all__ = ["bluez"]  # the fixture, imported above
+__all__ = ["bluez", "every_advert"]  # the fixtures, imported above
 
 HEART = "0000180d-0000-1000-8000-00805f9b34fb"
 STRAP = "AA:BB:CC:00:00:01"
@@ -270,6 +270,7 @@ async def test_two_scans_on_one_adapter_run_as_two_bluez_clients(bluez: BluezCon
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")
 async def test_a_steady_device_stays_present_for_three_ttls(bluez: BluezController) -> None:
     ttl_s = 2  # times are whole seconds: 2 s is the shortest sure TTL
     profile = replace(PROFILE, candidate_ttl_seconds=ttl_s)
@@ -293,6 +294,35 @@ async def test_a_steady_device_stays_present_for_three_ttls(bluez: BluezControll
         assert status["status"] == "completed"
         assert [c["label"] for c in status["result"]["candidates"]] == ["strap-1"]
         assert last_present - present_since >= 3 * ttl_s  # present at every poll over three TTLs
+
+
+@pytest.mark.asyncio
+async def test_a_steady_device_reported_once_per_controller_cycle_is_kept_for_the_whole_window(
+    bluez: BluezController,
+) -> None:
+    # A 10.24 s controller cycle, a 30 s TTL and a 45 s window, all shortened tenfold (TTLs are whole
+    # seconds: 3 s): the controller's duplicate filter lets one report through per cycle.
+    bluez.configure(cycle_s=1.024)
+    profile = replace(PROFILE, candidate_ttl_seconds=3)
+    async with new_manager() as manager:
+        operation_id = await start_scan(manager, window_ms=4_500, profile=profile)
+        await poll_until(manager, operation_id, lambda s: s["status"] == "running")
+        bluez.add_device(STRAP, name="strap-1", service_uuids=[HEART], rssi=-60)
+        passed, seen = 0, False
+        while True:
+            passed += bluez.advertise(STRAP, rssi=-61)  # it advertises on; the controller filters
+            status = manager.status(operation_id)
+            if status["status"] != "running":
+                break
+            if snapshot_labels(status):
+                assert snapshot_labels(status) == ["strap-1"]
+                seen = True
+            else:
+                assert not seen, "the device dropped out of the snapshot"
+            await anyio.sleep(0.1)  # real peer: a device advertising every 100 ms
+        assert status["status"] == "completed"
+        assert [c["label"] for c in status["result"]["candidates"]] == ["strap-1"]
+        assert 2 <= passed <= 6  # one report per cycle (about four cycles), not one per advert
 
 
 @pytest.mark.asyncio

@@ -54,12 +54,17 @@ HEART_SCOPE = DiscoveryScope(
 def drive(controller: BluezController) -> None:
     """The same bench story for every session: two straps (one unnamed at first) and a thermometer."""
     controller.add_device(
-        STRAP_A, name="Polar H10 A", rssi=-60, service_uuids=[HEART_RATE],
-        manufacturer_data={POLAR: b"\x01\x02"}, tx_power=-4,
+        STRAP_A,
+        name="Polar H10 A",
+        rssi=-60,
+        service_uuids=[HEART_RATE],
+        manufacturer_data={POLAR: b"\x01\x02"},
+        tx_power=-4,
     )
     controller.add_device(STRAP_B, rssi=-75, service_uuids=[HEART_RATE], service_data={HEART_RATE: b"\x07"})
-    controller.add_device(THERMO, name="Thermo", rssi=-50, service_uuids=[ENV_SENSING],
-                          manufacturer_data={NORDIC: b"\x10"})
+    controller.add_device(
+        THERMO, name="Thermo", rssi=-50, service_uuids=[ENV_SENSING], manufacturer_data={NORDIC: b"\x10"}
+    )
     controller.update(STRAP_A, rssi=-48)
     controller.update(STRAP_B, name="Garmin HRM", manufacturer_data={GARMIN: b"\x05"})
     controller.update(THERMO, rssi=-52)
@@ -76,8 +81,15 @@ def payload(observation: Observation) -> tuple[object, ...]:
     """An advert without its address."""
     assert isinstance(observation, BleObservation)
     o = observation
-    return (o.name, o.rssi, o.service_uuids, dict(o.manufacturer_data), dict(o.service_data), o.tx_power,
-            o.connectable)
+    return (
+        o.name,
+        o.rssi,
+        o.service_uuids,
+        dict(o.manufacturer_data),
+        dict(o.service_data),
+        o.tx_power,
+        o.connectable,
+    )
 
 
 async def live_session(controller: BluezController) -> TableSink:
@@ -167,8 +179,12 @@ async def test_the_recording_is_unfiltered_and_pseudonymised(bluez: BluezControl
     header, *lines = fixture_lines(target)
     assert result.observations == len(lines) == STORY_REPORTS
     assert header == {
-        "fixture": "sensorium-hw-fixture.v1", "transport": "ble", "source": "recorded",
-        "recorded_at": "2026-11-30T10:00:00Z", "adapter": "hci0", "versions": library_versions(),
+        "fixture": "sensorium-hw-fixture.v1",
+        "transport": "ble",
+        "source": "recorded",
+        "recorded_at": "2026-11-30T10:00:00Z",
+        "adapter": "hci0",
+        "versions": library_versions(),
         "notes": "emulated BlueZ",
     }
     names = [line.get("name") for line in lines]
@@ -226,10 +242,18 @@ async def scan_through_runtime(
     async with DiscoveryManager() as manager:
         now_ms = wall_clock_ms()
         spec = SessionSpec(
-            operation_id="deferred:sensorium.directive.invoke:" + "A" * 26, owner="bench",
-            action_id="device.discovery.scan", scope=scope, profile=PROFILE, created_at_ms=now_ms,
-            window_end_ms=now_ms + 2000, cut_by_deadline=False, timeout_at_ms=None, expires_at_ms=None,
-            causal_context=None, retry_after_seconds=1,
+            operation_id="deferred:sensorium.directive.invoke:" + "A" * 26,
+            owner="bench",
+            action_id="device.discovery.scan",
+            scope=scope,
+            profile=PROFILE,
+            created_at_ms=now_ms,
+            window_end_ms=now_ms + 2000,
+            cut_by_deadline=False,
+            timeout_at_ms=None,
+            expires_at_ms=None,
+            causal_context=None,
+            retry_after_seconds=1,
         )
         handle = await manager.start_scan(spec, provider)
         await wait_until(lambda: handle.status is Status.RUNNING)
