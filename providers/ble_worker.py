@@ -459,7 +459,8 @@ def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any, on_report
                 super()._parse_msg(message)
             finally:
                 self.report = False
-            on_signal(message)
+            if message.member != "PropertiesChanged" or message.body[0] != DEVICE_IFACE:
+                on_signal(message)  # a device's properties never end or restart the session
 
         async def set_filter(self, adapter_path: str, filters: dict[str, Any]) -> None:
             assert_reply(await self._bus.call(adapter_call(adapter_path, "SetDiscoveryFilter", filters)))
