@@ -84,6 +84,7 @@ NO_SESSION_TEXT = "No discovery started"
 # bluetoothd's own proximity test passes every report (`is_filter_match`) and RSSI is still signalled at
 # every report (`discovery_filter_has_proximity`). PATHLOSS_MAX is the widest value `parse_pathloss` takes.
 JOIN_FILTER: dict[str, Any] = {"Transport": "le", "DuplicateData": True, "Pathloss": 137}
+IN_PROGRESS = "org.bluez.Error.InProgress"
 # How long a restart after `Discovering` turned false may take, and a clear of the filter on the way out.
 REDISCOVER_BOUND_S = 2.0
 CLEAR_BOUND_S = 0.5
@@ -106,7 +107,11 @@ def is_report(message: Any) -> bool:
     member = message.member
     if member == "PropertiesChanged":
         body = message.body
-        return bool(body[0] == DEVICE_IFACE and not REPORT_PROPERTIES.isdisjoint(body[1]))
+        if body[0] != DEVICE_IFACE:
+            return False
+        # A 0 dBm report invalidates RSSI alone (device.c `dev_property_exists_rssi`); the end of a
+        # discovery invalidates TxPower with it (adapter.c `invalidate_rssi_and_tx_power`).
+        return not REPORT_PROPERTIES.isdisjoint(body[1]) or body[2] == ["RSSI"]
     if member == "InterfacesAdded":
         props = message.body[1].get(DEVICE_IFACE)
         return props is not None and "RSSI" in props
@@ -236,6 +241,10 @@ class Worker:
         except BleakBluetoothNotAvailableError:
             return ("provider-unavailable", "no-adapter")
         except BleakDBusError as exc:
+            if exc.dbus_error == IN_PROGRESS and not await self._still_powered():
+                # adapter.c `start_discovery_complete`: InProgress also answers a start that the adapter's
+                # power-off cut short
+                return ("provider-unavailable", "powered-off")
             code = "provider-unavailable" if exc.dbus_error in UNAVAILABLE_ERRORS else "provider-failure"
             return (code, exc.dbus_error)
         except BleakError:
@@ -286,6 +295,25 @@ class Worker:
         await self._go.wait()
         await self._scanner.start()
         return None
+
+    async def _still_powered(self) -> bool:
+        """One Get of the adapter's Powered (True when it cannot be told)."""
+        from dbus_fast import Message, MessageType
+
+        get = Message(
+            destination=BLUEZ,
+            path=self._adapter_path,
+            interface=PROPERTIES_IFACE,
+            member="Get",
+            signature="ss",
+            body=[ADAPTER_IFACE, "Powered"],
+        )
+        try:
+            async with asyncio.timeout(CLEAR_BOUND_S):
+                reply = await self._manager._bus.call(get)
+        except Exception:
+            return True
+        return reply.message_type == MessageType.ERROR or bool(reply.body[0].value)
 
     async def _watch_disconnect(self, bus: Any) -> None:
         with contextlib.suppress(Exception):
@@ -374,7 +402,7 @@ class Worker:
         address = props["Address"]
         fields = (
             address,
-            get("RSSI", -127),
+            get("RSSI", 0),  # BlueZ holds no RSSI after a 0 dBm report
             get("Name"),
             tuple(get("UUIDs", ())),
             get("ManufacturerData", _NONE),
@@ -434,6 +462,7 @@ def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any, on_report
     reports to `on_report` (path, properties) instead of the scanner's callback, and starting discovery as
     CONTRACT §6.5 asks (`active_scan`)."""
     from bleak.backends.bluezdbus.utils import assert_reply
+    from bleak.exc import BleakDBusError
     from dbus_fast import Message, Variant
 
     def adapter_call(path: str, member: str, *filters: dict[str, Any]) -> Message:
@@ -495,21 +524,19 @@ def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any, on_report
             return stop
 
         async def _start(self, adapter_path: str, filters: dict[str, Any]) -> None:
-            # Joining a running discovery: a Pathloss-only filter first, our own one right behind the
-            # StartDiscovery (pipelined), so the merged filter changes and bluetoothd restarts the
-            # scan before it answers the start (adapter.c `update_discovery_filter`, `start_discovery`).
             adapter = self._properties.get(adapter_path, {}).get(ADAPTER_IFACE, {})
             joining = bool(adapter.get("Discovering"))
-            await self.set_filter(adapter_path, JOIN_FILTER if joining else filters)
             on_preset(True)
             try:
-                start = asyncio.ensure_future(self._bus.call(adapter_call(adapter_path, "StartDiscovery")))
-                final = asyncio.ensure_future(self.set_filter(adapter_path, filters)) if joining else None
                 try:
-                    assert_reply(await start)
-                finally:
-                    if final is not None:
-                        await final
+                    await self._start_once(adapter_path, filters, joining)
+                except BleakDBusError as exc:
+                    if not joining or exc.dbus_error != IN_PROGRESS:
+                        raise
+                    # The kernel start of the forced restart failed: bluetoothd removed us and restarts
+                    # nothing, so the clients already discovering are deaf (adapter.c
+                    # `start_discovery_complete`). One more forced restart, for them and for us.
+                    await self._start_once(adapter_path, filters, True)
             except BaseException:
                 # bleak would leave the filter pre-set; its disconnect could stop the adapter
                 # (adapter.c `discovery_disconnect` -> `discovery_stop`).
@@ -519,6 +546,19 @@ def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any, on_report
                 raise
             finally:
                 on_preset(False)
+
+        async def _start_once(self, adapter_path: str, filters: dict[str, Any], joining: bool) -> None:
+            # Joining a running discovery: a Pathloss-only filter first, our own one right behind the
+            # StartDiscovery (pipelined), so the merged filter changes and bluetoothd restarts the
+            # scan before it answers the start (adapter.c `update_discovery_filter`, `start_discovery`).
+            await self.set_filter(adapter_path, JOIN_FILTER if joining else filters)
+            start = asyncio.ensure_future(self._bus.call(adapter_call(adapter_path, "StartDiscovery")))
+            final = asyncio.ensure_future(self.set_filter(adapter_path, filters)) if joining else None
+            try:
+                assert_reply(await start)
+            finally:
+                if final is not None:
+                    await final
 
         async def _stop(self, adapter_path: str) -> None:
             # bleak's stop: StopDiscovery (its recovery from a rejected stop), then the filter cleared.

@@ -555,11 +555,7 @@ def test_one_deferred_handle_builder_with_its_rounding(
     assert handle["retry_after_seconds"] == 0
     assert "cancel/unavailable-reason" not in handle
     refused = deferred_handle(
-        "op",
-        "act",
-        retry_after_seconds=1,
-        fail_after=fail_after,
-        rounding=rounding,
+        "op", "act", retry_after_seconds=1, fail_after=fail_after, rounding=rounding,
         cancel_unavailable_reason="r",
     )
     assert refused["cancel/unavailable-reason"] == "r" and "cancel_path" not in refused

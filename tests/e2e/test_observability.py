@@ -22,6 +22,7 @@ from tests.support.directives import HEART_RATE
 pytestmark = pytest.mark.serve
 
 
+
 def _sample(metrics: str, name: str, **labels: str) -> float:
     for line in metrics.splitlines():
         if not line.startswith(name + "{") and not line.startswith(name + " "):

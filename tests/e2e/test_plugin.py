@@ -14,7 +14,7 @@ from tests.support.paths import REPO
 pytestmark = pytest.mark.serve
 
 CONFTEST = 'pytest_plugins = ["connector.testing"]\n'
-DOWNSTREAM = """
+DOWNSTREAM = '''
 import pytest
 from tests.support.directives import HEART_RATE
 
@@ -54,7 +54,7 @@ def test_replayed_devices(sensorium_connector):
     assert status["status"] == "completed" and status["result"]["candidates"]
     off = sensorium_connector.operator().http.post("/v1/sim/ble/adapter", json={"powered": False})
     assert off.status_code == 404
-"""
+'''
 
 
 @pytest.mark.timeout(120)

@@ -35,8 +35,6 @@ CANARIES = {
     "mdns_txt": "CNRYtxt9d0c",
     "mdns_prefix": "CNRYmdns21aa",
 }
-
-
 def _fixtures(directory: Path) -> dict[str, Path]:
     mfr = {"76": CANARIES["ble_mfr"].encode().hex()}
     ble = [

@@ -65,7 +65,8 @@ Devices (device.c):
   values (gdbus/object.c `process_changes`): reports of one processing cycle merge.
 
 Test knobs besides: StopDiscovery that never answers (the next caller, or one sender), StopDiscovery or
-StartDiscovery that answers an error at once, a power-off right after a start, and `wedge`: the daemon's
+StartDiscovery that answers an error at once, a power-off while a kernel start is pending (the start then
+answers InProgress: `discovery_free` of `adapter->client`) or right after a start, and `wedge`: the daemon's
 main loop stops serving calls and its disconnect watch (both resume in order on `unwedge`).
 """
 
@@ -224,6 +225,7 @@ class Emulator:
         self.fail_kernel_start: int | None = None
         self.reject_kernel_stop = False
         self.power_off_on_start = False
+        self.power_off_in_kernel_start = False
         self.wedge_after_start = False
         self.wedged = False
         self._backlog: list[Message | tuple[Callable[..., None], tuple[Any, ...]]] = []
@@ -377,6 +379,9 @@ class Emulator:
         def done() -> None:
             kernel = adapter.kernel
             status = MGMT_OK
+            if self.power_off_in_kernel_start:  # knob: the adapter powers off while the start is pending
+                self.power_off_in_kernel_start = False
+                self._set_powered(adapter, False)
             if not adapter.powered:
                 status = MGMT_NOT_POWERED
             elif kernel.scanning:
@@ -455,7 +460,8 @@ class Emulator:
     def _merged(self, adapter: Adapter) -> MergedFilter | None:
         """adapter.c `merge_discovery_filters` + `discovery_filter_to_mgmt_cp`; None: regular discovery."""
         regular = filtered = empty_uuid = False
-        scan_type, rssi, uuids = 0, None, set()
+        scan_type, rssi = 0, None
+        uuids: set[str] = set()
         for sender in adapter.discovery_list():
             item = adapter.clients[sender].filter
             if item is None or _is_regular(item):
@@ -711,9 +717,9 @@ class Emulator:
         if not powered:
             for path in [p for p, d in self.devices.items() if d.adapter == adapter.name and d.temporary]:
                 self._remove_device(path)
-            for client in adapter.clients.values():
-                if client.msg is not None and adapter.pending is not None:
-                    self.bus.send(Message.new_error(client.msg, *_BUSY))  # discovery_free
+            pending = adapter.clients.get(adapter.pending or "")
+            if pending is not None and pending.msg is not None:  # `discovery_free` of adapter->client
+                self.bus.send(Message.new_error(pending.msg, *_BUSY))
             adapter.clients.clear()
             adapter.pending = None
             self._discovery_cleanup(adapter)
@@ -1040,6 +1046,9 @@ class Emulator:
 
     def c_power_off_on_start(self) -> None:
         self.power_off_on_start = True
+
+    def c_power_off_in_kernel_start(self) -> None:
+        self.power_off_in_kernel_start = True
 
     def c_wedge_after_start(self) -> None:
         self.wedge_after_start = True

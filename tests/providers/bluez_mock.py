@@ -340,6 +340,10 @@ class BluezController:
         """StartDiscovery succeeds, but the adapter powers off right after."""
         self.control("power_off_on_start")
 
+    def power_off_during_kernel_start(self) -> None:
+        """The adapter powers off while the next kernel start is pending: StartDiscovery says InProgress."""
+        self.control("power_off_in_kernel_start")
+
     def stop_bluetoothd(self) -> None:
         """bluetoothd exits: org.bluez loses its owner (NameOwnerChanged)."""
         self._emulator.stop_mock()

@@ -102,13 +102,13 @@ async def test_a_service_data_only_sensor_is_found_by_a_scope_running_alone(blue
 async def test_a_scan_joining_a_running_one_sees_a_steady_device_within_its_window(
     bluez: BluezController,
 ) -> None:
+    bluez.configure(cycle_s=3600)  # no cycle ends: only a forced restart lets the joining scan hear it
     first, joining = RecordingSink(), RecordingSink()
     running = await BleProvider().start(scope(service_uuids=(HEART,)), first)
     bluez.add_device(STEADY, service_uuids=[HEART])
     await first.wait_for(at(STEADY))
     assert not bluez.advertise(STEADY)  # the controller already reported it in this scan
     scans = bluez.scans_started()
-    # The default 10.24 s cycle: only a forced restart lets the joining scan hear it within 3 s.
     session = await BleProvider().start(scope(service_uuids=(HEART,)), joining)
     assert bluez.scans_started() > scans  # the Pathloss start changed the merged filter
     await steady(bluez, STEADY, joining, timeout=3.0)
@@ -120,16 +120,19 @@ async def test_a_scan_joining_a_running_one_sees_a_steady_device_within_its_wind
 async def test_while_plain_discovery_holds_the_adapter_a_joining_scan_hears_within_one_cycle(
     bluez: BluezController, plain: PlainClient
 ) -> None:
-    bluez.configure(cycle_s=1.0)  # the controller's cycle, shortened tenfold
+    bluez.configure(cycle_s=3600)  # the test ends the cycle itself
     assert (await plain.call("StartDiscovery")).message_type == MessageType.METHOD_RETURN
-    running = await BleProvider().start(scope(service_uuids=(HEART,)), RecordingSink())
+    first = RecordingSink()
+    running = await BleProvider().start(scope(service_uuids=(HEART,)), first)
     bluez.add_device(STEADY, service_uuids=[HEART])
+    await first.wait_for(at(STEADY))
     scans = bluez.scans_started()
     joining = RecordingSink()
     session = await BleProvider().start(scope(service_uuids=(HEART,)), joining)
-    # A regular client clears the merged filter whatever the others ask: no restart could be forced.
-    assert bluez.scans_started() == scans
-    await steady(bluez, STEADY, joining, timeout=2.5)  # within one cycle (1 s) and its restart
+    # A regular client clears the merged filter whatever the others ask: no restart could be forced,
+    assert bluez.scans_started() == scans and not bluez.advertise(STEADY)
+    assert bluez.end_cycle()  # so the device is heard once the controller's cycle (10.24 s) ends
+    await steady(bluez, STEADY, joining, timeout=1.5)
     await session.stop()
     await running.stop()
 
@@ -138,6 +141,7 @@ async def test_while_plain_discovery_holds_the_adapter_a_joining_scan_hears_with
 async def test_a_scan_survives_another_scans_failed_start_and_the_kill_of_its_worker(
     bluez: BluezController,
 ) -> None:
+    bluez.configure(cycle_s=3600)  # no cycle restart within the test: every restart counted is a cause
     healthy = RecordingSink()
     running = await BleProvider().start(scope(service_uuids=(HEART,)), healthy)
     bluez.fail_start("org.bluez.Error.Failed")  # StartDiscovery refused after the filter was pre-set
@@ -235,3 +239,39 @@ async def test_a_rejected_stop_on_the_only_client_leaves_the_next_scan_working(
     session = await BleProvider().start(scope(service_uuids=(HEART,)), sink)
     await steady(bluez, LATER, sink, timeout=3.0, service_uuids=[HEART])
     await session.stop()
+
+
+@pytest.mark.asyncio
+async def test_a_start_cut_short_by_a_power_off_is_unavailable(bluez: BluezController) -> None:
+    bluez.power_off_during_kernel_start()  # StartDiscovery answers InProgress (adapter.c `discovery_free`)
+    with pytest.raises(ProviderError) as caught:
+        await BleProvider().start(scope(service_uuids=(HEART,)), RecordingSink())
+    assert caught.value.code == "provider-unavailable"
+
+
+@pytest.mark.asyncio
+async def test_a_0_dbm_report_is_an_observation_at_0_dbm(bluez: BluezController) -> None:
+    bluez.configure(duplicate_filter=False)
+    sink = RecordingSink()
+    session = await BleProvider().start(scope(service_uuids=(HEART,)), sink)
+    bluez.add_device(SENSOR, service_uuids=[HEART], rssi=-40)
+    await sink.wait_for(at(SENSOR))
+    bluez.advertise(SENSOR, rssi=0)  # device.c: RSSI invalidated, nothing else changed
+    seen = await sink.wait_for(lambda o: o.address == SENSOR and o.rssi == 0)
+    await session.stop()
+    assert seen.rssi == 0
+
+
+@pytest.mark.asyncio
+async def test_a_joining_scan_whose_forced_restart_fails_in_the_kernel_restarts_it_again(
+    bluez: BluezController,
+) -> None:
+    healthy, joining = RecordingSink(), RecordingSink()
+    running = await BleProvider().start(scope(service_uuids=(HEART,)), healthy)
+    bluez.fail_kernel_start()  # the restart the joining scan forces fails: bluetoothd removes that client
+    session = await BleProvider().start(scope(service_uuids=(HEART,)), joining)
+    assert bluez.scanning() and len(bluez.clients()) == 2
+    await steady(bluez, LATER, healthy, timeout=3.0, service_uuids=[HEART])
+    await steady(bluez, LATER, joining, timeout=3.0, service_uuids=[HEART])
+    await session.stop()
+    await running.stop()

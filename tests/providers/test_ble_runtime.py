@@ -322,7 +322,7 @@ async def test_a_steady_device_reported_once_per_controller_cycle_is_kept_for_th
             await anyio.sleep(0.1)  # real peer: a device advertising every 100 ms
         assert status["status"] == "completed"
         assert [c["label"] for c in status["result"]["candidates"]] == ["strap-1"]
-        assert 2 <= passed <= 6  # one report per cycle (about four cycles), not one per advert
+        assert 1 <= passed <= 6  # one report per cycle (at most about four cycles), not one per advert
 
 
 @pytest.mark.asyncio

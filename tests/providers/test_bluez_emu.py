@@ -338,7 +338,7 @@ async def test_uuids_are_matched_on_the_uuid_lists_only(bluez: BluezController, 
     bthome = "0000fcd2-0000-1000-8000-00805f9b34fb"
     assert not bluez.advertise(DEV, service_data={"fcd2": b"\x40\x01"})  # kernel `is_filter_match`
     assert bluez.advertise("AA:BB:CC:00:00:08", service_uuids=[bthome])
-    assert bluez.filters()[client.bus.unique_name]["UUIDs"] == [bthome]  # kept in 128-bit form
+    assert bluez.filters()[str(client.bus.unique_name)]["UUIDs"] == [bthome]  # kept in 128-bit form
 
 
 # ------------------------------------------------------------------------------------ devices

@@ -45,7 +45,7 @@ def serve_argv(*args: str | Path) -> list[str]:
 
 def spawn(argv: Sequence[str], log: Path, *, stdout: Path | None = None) -> subprocess.Popen[bytes]:
     """Start a process in the repository root, its stderr appended to `log` (stdout to `stdout`, if given)."""
-    with log.open("ab") as err, stdout.open("ab") if stdout else open(os.devnull, "wb") as out:
+    with log.open("ab") as err, (stdout.open("ab") if stdout else open(os.devnull, "wb")) as out:
         return subprocess.Popen(
             list(argv), cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=err, env=cli_env()
         )

@@ -12,10 +12,16 @@ import pytest
 
 from connector.cli.main import COMMAND_MODULES, main
 from tests.cli.recorder.support import fixture_lines, run_cli, spawn_cli
-from tests.providers.bluez_mock import BluezController, BluezEmulator, bluez, bluez_available
+from tests.providers.bluez_mock import (
+    BluezController,
+    BluezEmulator,
+    bluez,
+    bluez_available,
+    every_advert,
+)
 from tests.support.directives import HEART_RATE
 
-__all__ = ["bluez"]  # the fixture, imported above
+__all__ = ["bluez", "every_advert"]  # the fixtures, imported above
 
 CANARY = "canary-7f3a"
 DEVICE = "AA:BB:CC:00:00:0A"
@@ -121,6 +127,7 @@ def test_no_ble_adapter_exits_1_with_the_code_and_writes_nothing(tmp_path: Path)
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.usefixtures("every_advert")  # two reports of one device within one scan
 def test_a_recording_exits_0_and_leaves_a_private_pseudonymised_file(
     bluez: BluezController, tmp_path: Path
 ) -> None:

@@ -16,20 +16,8 @@ PSEUDONYM = re.compile(r"[0-9A-F][26AE](:[0-9A-F]{2}){5}")
 @pytest.mark.hw
 def test_five_seconds_from_the_default_adapter(tmp_path: Path) -> None:
     target = tmp_path / "hw-ble.jsonl"
-    child = spawn_cli(
-        [
-            "fixtures",
-            "record",
-            "--transport",
-            "ble",
-            "--seconds",
-            "5",
-            "-o",
-            str(target),
-            "--notes",
-            "opt-in hardware test",
-        ]
-    )
+    child = spawn_cli(["fixtures", "record", "--transport", "ble", "--seconds", "5", "-o", str(target),
+                       "--notes", "opt-in hardware test"])
     try:
         _, stderr = child.communicate(timeout=30)
     finally:

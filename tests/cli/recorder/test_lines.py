@@ -113,10 +113,7 @@ def test_ble_keeps_its_payloads_and_loses_its_address() -> None:
     assert isinstance(renamed, BleObservation)
     assert renamed.address != BLE.address.upper() and renamed.address != BLE.address
     assert (renamed.name, renamed.rssi, renamed.manufacturer_data, renamed.service_data) == (
-        BLE.name,
-        BLE.rssi,
-        BLE.manufacturer_data,
-        BLE.service_data,
+        BLE.name, BLE.rssi, BLE.manufacturer_data, BLE.service_data
     )
 
 

@@ -30,12 +30,12 @@ from providers.base import Provider
 from providers.ble import BleProvider
 from providers.replay import ReplayProvider, ReplaySession
 from tests.cli.recorder.support import ENV_SENSING, PROFILE, TableSink, content, fixture_lines
-from tests.providers.bluez_mock import BluezController, bluez
+from tests.providers.bluez_mock import BluezController, bluez, every_advert
 from tests.runtime.sessions import until_terminal
 from tests.support.directives import HEART_RATE
 from tests.support.waiting import wait_until
 
-__all__ = ["bluez"]  # the fixture, imported above
+__all__ = ["bluez", "every_advert"]  # the fixtures, imported above
 
 STRAP_A = "AA:BB:CC:00:00:01"
 STRAP_B = "AA:BB:CC:00:00:02"
@@ -54,17 +54,12 @@ HEART_SCOPE = DiscoveryScope(
 def drive(controller: BluezController) -> None:
     """The same bench story for every session: two straps (one unnamed at first) and a thermometer."""
     controller.add_device(
-        STRAP_A,
-        name="Polar H10 A",
-        rssi=-60,
-        service_uuids=[HEART_RATE],
-        manufacturer_data={POLAR: b"\x01\x02"},
-        tx_power=-4,
+        STRAP_A, name="Polar H10 A", rssi=-60, service_uuids=[HEART_RATE],
+        manufacturer_data={POLAR: b"\x01\x02"}, tx_power=-4,
     )
     controller.add_device(STRAP_B, rssi=-75, service_uuids=[HEART_RATE], service_data={HEART_RATE: b"\x07"})
-    controller.add_device(
-        THERMO, name="Thermo", rssi=-50, service_uuids=[ENV_SENSING], manufacturer_data={NORDIC: b"\x10"}
-    )
+    controller.add_device(THERMO, name="Thermo", rssi=-50, service_uuids=[ENV_SENSING],
+                          manufacturer_data={NORDIC: b"\x10"})
     controller.update(STRAP_A, rssi=-48)
     controller.update(STRAP_B, name="Garmin HRM", manufacturer_data={GARMIN: b"\x05"})
     controller.update(THERMO, rssi=-52)
@@ -81,15 +76,8 @@ def payload(observation: Observation) -> tuple[object, ...]:
     """An advert without its address."""
     assert isinstance(observation, BleObservation)
     o = observation
-    return (
-        o.name,
-        o.rssi,
-        o.service_uuids,
-        dict(o.manufacturer_data),
-        dict(o.service_data),
-        o.tx_power,
-        o.connectable,
-    )
+    return (o.name, o.rssi, o.service_uuids, dict(o.manufacturer_data), dict(o.service_data), o.tx_power,
+            o.connectable)
 
 
 async def live_session(controller: BluezController) -> TableSink:
@@ -150,6 +138,7 @@ async def replay(target: Path, scope: DiscoveryScope) -> TableSink:
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")  # the story repeats adverts within one scan
 async def test_a_recording_replays_to_the_candidates_the_live_session_produced(
     bluez: BluezController, tmp_path: Path
 ) -> None:
@@ -173,18 +162,15 @@ async def test_a_recording_replays_to_the_candidates_the_live_session_produced(
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")  # the story repeats adverts within one scan
 async def test_the_recording_is_unfiltered_and_pseudonymised(bluez: BluezController, tmp_path: Path) -> None:
     target = tmp_path / "bench.jsonl"
     result = await record(bluez, target)
     header, *lines = fixture_lines(target)
     assert result.observations == len(lines) == STORY_REPORTS
     assert header == {
-        "fixture": "sensorium-hw-fixture.v1",
-        "transport": "ble",
-        "source": "recorded",
-        "recorded_at": "2026-11-30T10:00:00Z",
-        "adapter": "hci0",
-        "versions": library_versions(),
+        "fixture": "sensorium-hw-fixture.v1", "transport": "ble", "source": "recorded",
+        "recorded_at": "2026-11-30T10:00:00Z", "adapter": "hci0", "versions": library_versions(),
         "notes": "emulated BlueZ",
     }
     names = [line.get("name") for line in lines]
@@ -205,6 +191,7 @@ async def test_the_recording_is_unfiltered_and_pseudonymised(bluez: BluezControl
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")  # the story repeats adverts within one scan
 async def test_pseudonyms_differ_across_recordings_and_kept_identities_are_real(
     bluez: BluezController, tmp_path: Path
 ) -> None:
@@ -242,18 +229,10 @@ async def scan_through_runtime(
     async with DiscoveryManager() as manager:
         now_ms = wall_clock_ms()
         spec = SessionSpec(
-            operation_id="deferred:sensorium.directive.invoke:" + "A" * 26,
-            owner="bench",
-            action_id="device.discovery.scan",
-            scope=scope,
-            profile=PROFILE,
-            created_at_ms=now_ms,
-            window_end_ms=now_ms + 2000,
-            cut_by_deadline=False,
-            timeout_at_ms=None,
-            expires_at_ms=None,
-            causal_context=None,
-            retry_after_seconds=1,
+            operation_id="deferred:sensorium.directive.invoke:" + "A" * 26, owner="bench",
+            action_id="device.discovery.scan", scope=scope, profile=PROFILE, created_at_ms=now_ms,
+            window_end_ms=now_ms + 2000, cut_by_deadline=False, timeout_at_ms=None, expires_at_ms=None,
+            causal_context=None, retry_after_seconds=1,
         )
         handle = await manager.start_scan(spec, provider)
         await wait_until(lambda: handle.status is Status.RUNNING)
@@ -263,6 +242,7 @@ async def scan_through_runtime(
 
 
 @pytest.mark.asyncio
+@pytest.mark.usefixtures("every_advert")  # the story repeats adverts within one scan
 async def test_through_the_runtime_the_replayed_scan_ends_with_the_live_scan_candidates(
     bluez: BluezController, tmp_path: Path
 ) -> None:

@@ -81,13 +81,8 @@ async def record_alongside_live(
     live = TableSink(lamps_scope())
     session = await provider.start(lamps_scope(), live)
     header = FixtureHeader("mdns", "2026-11-30T10:00:00Z", None, library_versions(), "loopback")
-    recorder = Recorder(
-        provider,
-        recording_scope("mdns", 30, service_types=[LAMPS]),
-        FixtureFile(target),
-        header,
-        pseudonymiser=None if keep else Pseudonymiser(),
-    )
+    recorder = Recorder(provider, recording_scope("mdns", 30, service_types=[LAMPS]), FixtureFile(target),
+                        header, pseudonymiser=None if keep else Pseudonymiser())
     status = _Started()
     task = asyncio.ensure_future(recorder.run(30, task_status=status))
     try:
@@ -176,24 +171,9 @@ async def test_the_cli_learns_the_types_and_records_them(tmp_path: Path) -> None
     async with Responder() as responder:
         await responder.register(LAMPS, KITCHEN, {"fw": "1.0"})
         child = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-c",
-            CLI_SCRIPT,
-            "fixtures",
-            "record",
-            "--transport",
-            "mdns",
-            "--seconds",
-            "3",
-            "--types-seconds",
-            "2",
-            "--mdns-interfaces",
-            LOOPBACK,
-            "-o",
-            str(target),
-            cwd=REPO,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
+            sys.executable, "-c", CLI_SCRIPT, "fixtures", "record", "--transport", "mdns", "--seconds", "3",
+            "--types-seconds", "2", "--mdns-interfaces", LOOPBACK, "-o", str(target),
+            cwd=REPO, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
         )
         _, stderr = await asyncio.wait_for(child.communicate(), 30)
     assert child.returncode == 0, stderr.decode()
@@ -206,22 +186,8 @@ async def test_the_cli_learns_the_types_and_records_them(tmp_path: Path) -> None
 
 def test_ctrl_c_while_learning_types_exits_130_and_writes_nothing(tmp_path: Path) -> None:
     target = tmp_path / "lan.jsonl"
-    child = spawn_cli(
-        [
-            "fixtures",
-            "record",
-            "--transport",
-            "mdns",
-            "--seconds",
-            "5",
-            "--types-seconds",
-            "30",
-            "--mdns-interfaces",
-            LOOPBACK,
-            "-o",
-            str(target),
-        ]
-    )
+    child = spawn_cli(["fixtures", "record", "--transport", "mdns", "--seconds", "5", "--types-seconds", "30",
+                       "--mdns-interfaces", LOOPBACK, "-o", str(target)])
     assert child.stderr is not None
     assert select.select([child.stderr], [], [], 15)[0], "the recorder said nothing in time"
     assert child.stderr.readline().startswith("fixtures record: learning the mdns service types")

@@ -84,13 +84,8 @@ async def test_usb_recording_pseudonymises_serials_and_replays_to_the_live_candi
     live_session = await provider.start(FTDI_SCOPE, live)
     target = tmp_path / "usb.jsonl"
     header = FixtureHeader("usb-serial", "2026-11-30T10:00:00Z", None, library_versions(), "scripted ports")
-    recorder = Recorder(
-        provider,
-        recording_scope("usb-serial", 30),
-        FixtureFile(target),
-        header,
-        pseudonymiser=Pseudonymiser(),
-    )
+    recorder = Recorder(provider, recording_scope("usb-serial", 30), FixtureFile(target), header,
+                        pseudonymiser=Pseudonymiser())
     status = _Started()
     task = asyncio.ensure_future(recorder.run(30, task_status=status))
     try:

@@ -63,10 +63,7 @@ async def test_a_session_becomes_a_private_replayable_file_with_offsets(tmp_path
     provider = FaultProvider(TIMELINE)
     result = await recorder_for(provider, target).run(0.6)
     assert (result.outcome, result.observations, result.written, result.stop_confirmed) == (
-        RecordingOutcome.RECORDED,
-        3,
-        True,
-        True,
+        RecordingOutcome.RECORDED, 3, True, True
     )
     assert provider.acknowledged_stops == 1
     assert stat.S_IMODE(target.stat().st_mode) == 0o600 and files(tmp_path) == ["ble.jsonl"]
