@@ -282,7 +282,8 @@ async def profiling(args: argparse.Namespace, phase: str, server: Server) -> Asy
     spy = shutil.which("py-spy", path=str(Path(sys.executable).parent)) or shutil.which("py-spy")
     if spy is None:
         raise SystemExit("--profile needs py-spy (pip install py-spy, the bench extra)")
-    out = Path(args.profile_out or f"bench/{phase}-profile.svg").resolve()
+    # The SVG names the command line (machine paths): kept out of the checkout unless asked for.
+    out = Path(args.profile_out or Path(tempfile.gettempdir()) / f"http-bench-{phase}.svg").resolve()
     kind = "raw" if out.suffix == ".txt" else "flamegraph"
     argv = [spy, "record", "--pid", str(server.pid), "--rate", "200", "-f", kind, "-o", str(out)]
     argv += ["--gil"] if args.profile_gil else []
