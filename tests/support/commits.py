@@ -11,7 +11,7 @@ from connector.storage.sqlite import SqliteStore
 
 
 class CommitGate:
-    """Wraps `store`'s connection: a COMMIT waits while the gate is held; each committed group is recorded.
+    """Wraps `store`'s connection: a commit waits while the gate is held; each committed group is recorded.
 
     `groups` lists, per commit that returned, the first parameter (the row's id) of every statement in it.
     """
@@ -24,7 +24,7 @@ class CommitGate:
         self._statements: list[Any] = []
         self.groups: list[list[Any]] = []
         self.held_commits = 0
-        self.attempts = 0  # COMMITs that came through the gate
+        self.attempts = 0  # commits that came through the gate
         self.failing: set[int] = set()  # which of them (1-based) fail instead
 
     def __getattr__(self, name: str) -> Any:
@@ -37,11 +37,6 @@ class CommitGate:
     def release(self) -> None:
         """Let waiting and later commits through."""
         self._open.set()
-
-    @property
-    def open_group(self) -> list[Any]:
-        """Ids of the statements run in the transaction not committed yet."""
-        return self._statements
 
     def execute(self, sql: str, parameters: Any = None) -> Any:
         """The real `execute`, except that a commit (COMMIT, or a lone statement outside a transaction)
