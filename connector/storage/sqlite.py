@@ -10,6 +10,7 @@ the last committed snapshot without waiting behind the writer's queue or its fsy
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -120,7 +121,8 @@ class SqliteStore:
         """Checkpoint the WAL into the database file and close the connections (always closes them)."""
         reader, self._reader = self._reader, None
         if reader is not None:
-            reader.close()
+            with contextlib.suppress(sqlite3.Error):  # another thread's reader: it closes when freed
+                reader.close()
         async with self._writing():
             try:
                 if self._db.in_transaction:  # only a crashed write could leave one open
