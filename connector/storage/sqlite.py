@@ -100,7 +100,7 @@ class SqliteStore:
         self._queued: list[_QueuedWrite] = []
         self._reader: sqlite3.Connection | None = None
         self.path = path
-        self.commits = 0  # transactions the write queue committed (each one fsync)
+        self.commits = 0  # transactions the write queue ran (one fsync each, failed ones included)
 
     @classmethod
     async def open(cls, data_dir: Path) -> Self:
