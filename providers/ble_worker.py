@@ -9,6 +9,9 @@ process dies (src/adapter.c `discovery_disconnect`). Rules of this file:
   PropertiesChanged with the merged properties (bleak/backends/bluezdbus/manager.py `_parse_msg` ->
   `_run_advertisement_callbacks`), so the worker's manager marks the message being parsed and the callback
   keeps only those that carry a report;
+- reports are read from bleak's manager as the merged Device1 properties it hands its advertisement
+  callbacks: the worker tests the scope on them and builds nothing else per report (bleak's scanner would
+  build an AdvertisementData and a BLEDevice for each, which nothing here reads);
 - in-scope observations cross to the parent in batches, as `marshal` frames of plain tuples;
 - on a real controller (CONTRACT §6.5; src/adapter.c): a session joining an adapter that is already
   discovering starts with a Pathloss-only filter and sends its own filter right behind StartDiscovery, so
@@ -42,6 +45,7 @@ from connector.core.observations import BleObservation
 
 _LEN = struct.Struct(">I")
 _as_observation = tuple.__new__
+_NONE: dict[Any, bytes] = {}  # no manufacturer or service data (shared: never mutated)
 STOP = b"S"
 # The connector lets one worker per adapter start at a time: bluetoothd answers only the last of two starts
 # whose kernel commands overlap (adapter.c `start_discovery` overwrites `adapter->client`).
@@ -253,7 +257,7 @@ class Worker:
         from bleak.backends.bluezdbus import manager as bleak_manager
         from dbus_fast import Message, MessageType
 
-        self._manager = _gated_manager(bleak_manager, self._on_signal, self._on_preset)
+        self._manager = _gated_manager(bleak_manager, self._on_signal, self._on_preset, self._on_report)
         # bleak keeps one manager per event loop; ours is seeded first so that bleak's scanner uses it.
         bleak_manager._global_instances[asyncio.get_running_loop()] = self._manager
         await bleak_manager.get_global_bluez_manager()
@@ -285,7 +289,7 @@ class Worker:
         if not reply.body[0].value:
             return ("provider-unavailable", "powered-off")
         self._scanner = BleakScanner(
-            self._on_advert,
+            None,  # reports reach `_on_report` from the manager (see `active_scan`)
             bluez={"adapter": self._adapter_path.rsplit("/", 1)[1], "filters": cast(Any, self._filters)},
         )
         await self._go.wait()
@@ -384,23 +388,26 @@ class Worker:
             self._open = False
             self.send(("gone",))
 
-    def _on_advert(self, device: Any, adv: Any) -> None:
+    def _on_report(self, path: str, props: dict[str, Any]) -> None:
+        """One Device1 report, as the merged properties bleak's manager holds (a copy it made for us)."""
         if not (self._open and self._manager.report):
             return
-        props = adv.platform_data[1]  # the Device1 properties as of this report
         if "Class" in props and "AdvertisingFlags" not in props:
             return  # BR/EDR only: another program's plain discovery found it (CONTRACT §6.5)
+        # The fields bleak's scanner would read (scanner.py `_handle_advertising_data`), as they are: the
+        # manager replaces a changed value rather than mutating it, and D-Bus `ay` values are bytes already.
         # The plain tuple crosses the pipe (marshal takes exact tuples); the observation view of the same
-        # fields is built without NamedTuple's Python-level __new__: this runs for every report.
-        address = device.address
+        # fields is built without NamedTuple's Python-level __new__.
+        get = props.get
+        address = props["Address"]
         fields = (
             address,
-            adv.rssi if "RSSI" in props else 0,  # BlueZ holds no RSSI after a 0 dBm report
-            adv.local_name,
-            tuple(adv.service_uuids),
-            adv.manufacturer_data,
-            adv.service_data,
-            adv.tx_power,
+            get("RSSI", 0),  # BlueZ holds no RSSI after a 0 dBm report
+            get("Name"),
+            tuple(get("UUIDs", ())),
+            get("ManufacturerData", _NONE),
+            get("ServiceData", _NONE),
+            get("TxPower"),
             None,
         )
         if self._in_scope(_as_observation(BleObservation, fields)):
@@ -450,9 +457,10 @@ class Worker:
         return None
 
 
-def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any) -> Any:
-    """bleak's BlueZ manager, marking whether the message it parses is an advertisement report, and
-    starting discovery as CONTRACT §6.5 asks (`active_scan`)."""
+def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any, on_report: Any) -> Any:
+    """bleak's BlueZ manager, marking whether the message it parses is an advertisement report, handing
+    reports to `on_report` (path, properties) instead of the scanner's callback, and starting discovery as
+    CONTRACT §6.5 asks (`active_scan`)."""
     from bleak.backends.bluezdbus.utils import assert_reply
     from bleak.exc import BleakDBusError
     from dbus_fast import Message, Variant
@@ -480,7 +488,8 @@ def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any) -> Any:
                 super()._parse_msg(message)
             finally:
                 self.report = False
-            on_signal(message)
+            if message.member != "PropertiesChanged" or message.body[0] != DEVICE_IFACE:
+                on_signal(message)  # a device's properties never end or restart the session
 
         async def set_filter(self, adapter_path: str, filters: dict[str, Any]) -> None:
             assert_reply(await self._bus.call(adapter_call(adapter_path, "SetDiscoveryFilter", filters)))
@@ -491,7 +500,9 @@ def _gated_manager(bleak_manager: Any, on_signal: Any, on_preset: Any) -> Any:
         async def active_scan(
             self, adapter_path: str, filters: dict[str, Any], on_advert: Any, on_removed: Any
         ) -> Any:
-            """bleak's `active_scan` (same callbacks, same stop), with the start of CONTRACT §6.5."""
+            """bleak's `active_scan` (same removal callback, same stop), with the start of CONTRACT §6.5;
+            reports go to `on_report` rather than to the scanner's `on_advert`."""
+            on_advert = on_report
             async with self._bus_lock:
                 self._check_adapter(adapter_path)
                 self._advertisement_callbacks[adapter_path].append(on_advert)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import gc
 import logging
 import os
 import signal
@@ -299,6 +300,7 @@ async def _serve(config: ConnectorConfig, listener: socket.socket, edge: HttpEdg
     if config.nats_url is not None and config.nats_node is not None:
         await refuse_live_node(config.nats_url, config.nats_service, config.nats_node, config.nats_access)
     async with assemble(config, routers=extra_routers) as assembled:
+        freeze_startup_heap()
         host, port = listener.getsockname()[:2]
         server = http_server(assembled.app, edge, assembled.metrics)
         _log.info(
@@ -313,6 +315,17 @@ async def _serve(config: ConnectorConfig, listener: socket.socket, edge: HttpEdg
         await server.serve(sockets=[listener])
         _log.info("shutting down: stopping sessions with confirmed cleanup")
     _log.info("stopped")
+
+
+def freeze_startup_heap() -> None:
+    """Move what start-up built (modules, schemas, catalog, app: ~90,000 objects) out of the collector's walk.
+
+    It lives as long as the process; left in the oldest generation, every full collection walked it
+    again (50-200 ms with the event loop stopped: a poll's p99), while only what requests and sessions
+    allocate can become garbage.
+    """
+    gc.collect()
+    gc.freeze()
 
 
 def extra_routers(assembled: Assembled) -> list[Any]:

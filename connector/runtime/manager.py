@@ -170,8 +170,6 @@ class DiscoveryManager:
         )
         self._sessions[operation_id] = session
         self._live[spec.owner] += 1
-        if self._listener is not None:
-            self._listener("admitted", session)
         return SessionHandle(session)
 
     def launch(self, operation_id: str) -> None:
@@ -216,6 +214,9 @@ class DiscoveryManager:
 
     async def _run(self, session: DiscoverySession) -> None:
         """Runner, then whatever the terminal status needs in the background."""
+        if self._listener is not None:
+            # Told here, once the record is durable and the 202 on its way: not on the admission's path.
+            self._listener("admitted", session)
         try:
             await session.run()
         finally:

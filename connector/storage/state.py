@@ -12,7 +12,8 @@ Rules of this file:
   that no copy of the row stays in the WAL file either; every read runs in one job of the connection's
   thread, so no statement of ours is open when that checkpoint runs;
 - a command's input is kept only while its work is pending or running and cleared at the terminal state;
-- one connection; every write goes through one lock and commits before the caller sees the change.
+- one connection; every write goes through one lock and commits before the caller sees the change
+  (concurrent writes share one commit).
 """
 
 from __future__ import annotations
@@ -357,8 +358,8 @@ class ConnectorState(SqliteStore):
     async def get_discovery(self, operation_id: str) -> DiscoveryRecord | None:
         """The record of a scan, or None."""
         sql = f"SELECT {_DISCOVERY_COLUMNS} FROM discovery_operations WHERE operation_id = ?"
-        row = await self._first(sql, (operation_id,))
-        return None if row is None else _discovery_from_row(row)
+        rows = await self._read(sql, (operation_id,))
+        return _discovery_from_row(tuple(rows[0])) if rows else None
 
     async def list_discoveries(self, limit: int = 500) -> list[DiscoveryRecord]:
         """Scan records: open ones first, then the most recently ended (operator views: metadata only)."""
@@ -371,9 +372,10 @@ class ConnectorState(SqliteStore):
 
     async def locate(self, operation_id: str) -> Located | None:
         """Kind, owner, action and transport of any recorded operation (with a scan's record), or None."""
-        row = await self._first(_LOCATE, (operation_id, operation_id))
-        if row is None:
+        rows = await self._read(_LOCATE, (operation_id, operation_id))  # not behind the write queue
+        if not rows:
             return None
+        row = rows[0]
         if row[0] == "command":
             return Located("command", row[2], row[3], None)
         record = _discovery_from_row(tuple(row[1:]))
@@ -437,12 +439,11 @@ class ConnectorState(SqliteStore):
             _log.warning("the WAL truncation after an erasure is owed (a reader held the database)")
 
     async def _write(self, sql: str, params: tuple[Any, ...]) -> int:
-        """Run one write statement under the lock (autocommit, synchronous=FULL); returns the row count."""
-        async with self._lock:
-            cursor = await self._db.execute(sql, params)
-            count = cursor.rowcount
-            await cursor.close()
-        return count
+        """Run one write statement, committed (synchronous=FULL) on return; returns the row count.
+
+        Concurrent writes share one commit (`SqliteStore._commit`, CONTRACT §7).
+        """
+        return await self._commit(sql, params)
 
 
 def interrupted_metadata(metadata: dict[str, Any], stamp: str) -> dict[str, Any]:

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import anyio
+import httpx
 import pytest
 
 from connector.storage.state import DiscoveryRecord
@@ -22,6 +23,7 @@ from tests.api.support import (
     query,
     straps,
 )
+from tests.support.commits import CommitGate
 from tests.support.directives import command_directive, scan_directive
 from tests.support.waiting import wait_until
 
@@ -69,6 +71,32 @@ async def test_the_record_is_written_before_the_202_and_no_record_means_no_work(
         # The key was not taken: a later admission with it starts normally.
         monkeypatch.setattr(state, "insert_discovery", original)
         assert (await h.invoke("alice", scan_directive(1, key="second"))).status_code == 202
+
+
+async def test_concurrent_admissions_share_commits_and_each_202_leaves_after_its_own(tmp_path: Path) -> None:
+    """CONTRACT §7: eight admissions, two fsyncs; no 202 before the commit that holds its row."""
+    async with harness(tmp_path, factory=RecordingFactory(concurrent=True)) as h:
+        gate = CommitGate(h.assembled.state)
+        gate.hold()
+        replies: list[tuple[httpx.Response, set[str]]] = []  # each 202, with the rows committed when it came
+
+        async def admit() -> None:
+            accepted = await h.invoke("alice", scan_directive(30))
+            committed = {row[0] for row in query(h.data_dir, "SELECT operation_id FROM discovery_operations")}
+            replies.append((accepted, committed))
+
+        async with anyio.create_task_group() as group:
+            group.start_soon(admit)
+            await wait_until(lambda: gate.held_commits == 1)  # the first admission's row is at its fsync
+            for _ in range(7):
+                group.start_soon(admit)
+            await wait_until(lambda: h.assembled.state.queued_writes == 7)  # the others queue behind it
+            assert replies == [] and h.factory is not None and h.factory.starts == 0
+            gate.release()
+        assert [len(ids) for ids in gate.groups] == [1, 7]
+        for accepted, committed in replies:
+            assert accepted.status_code == 202
+            assert accepted.json()["connector_operation/id"] in committed
 
 
 async def test_after_a_restart_a_scan_is_interrupted_and_a_keyed_retry_starts_nothing(tmp_path: Path) -> None:
