@@ -8,7 +8,7 @@ a service UUID and the TX power change) is fed, in interleaved rounds, through:
   devices): `CandidateTable.ingest` (scope filter, dedupe, candidate update) for every advert plus
   `CandidateTable.cut` at the profile's revision interval (250 ms) of simulated time;
 - `session-all`: the same path with every device in scope and bounds widened to hold all 2,000 candidates
-  (a stress case: SPEC lists stop at 64 items, so no admitted session can look like this);
+  (a stress case: the contract's lists stop at 64 items, so no admitted session can look like this);
 - `session-64`: every device in scope with the catalog's bounds: the first 64 are kept, the rest refused;
 - `hab-raw`: `BaseHaRemoteScanner._async_on_raw_advertisement` (raw AD bytes, the proxy path);
 - `hab-parsed`: `BaseHaRemoteScanner._async_on_advertisement` (pre-parsed fields);

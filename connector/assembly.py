@@ -66,13 +66,14 @@ class ConnectorConfig:
     # CONTRACT §15: the node name of a lab (None: the §10 subjects) and how to reach its NATS system.
     nats_node: str | None = None
     nats_access: BrokerAccess = field(default_factory=BrokerAccess)
-    # Transports whose providers are simulated backends driven by `/v1/sim/...` (SPEC 13.1); never default.
+    # Transports whose providers are simulated backends driven by `/v1/sim/...` (CONTRACT §13.1); never
+    # default.
     simulate: tuple[Transport, ...] = ()
 
 
 @dataclass(slots=True)
 class Readiness:
-    """What `/healthz` waits for (SPEC 9)."""
+    """What `/healthz` waits for (CONTRACT §9)."""
 
     catalog_verified: bool = False
     interrupted_marked: bool = False
@@ -295,7 +296,7 @@ def _open_host(
 
 
 def _open_bus(config: ConnectorConfig, assembled: Assembled, clock: Callable[[], datetime]) -> BusAdapter:
-    """The Bus face (SPEC 10); it connects in the background and marks readiness once subscribed."""
+    """The Bus face (CONTRACT §10); it connects in the background and marks readiness once subscribed."""
     assert config.nats_url is not None
     settings = BusSettings(
         url=config.nats_url,

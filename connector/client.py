@@ -1,7 +1,7 @@
-"""A typed async client of the connector's HTTP API (SPEC 9), for callers such as sensorium-core.
+"""A typed async client of the connector's HTTP API (CONTRACT §9), for callers such as sensorium-core.
 
 Every answer is parsed into its `connector.contract.models` model; every refusal raises the
-`ConnectorError` subclass of its SPEC 14 code, carrying `retry_after_seconds`. A request whose reply was
+`ConnectorError` subclass of its CONTRACT §14 code, carrying `retry_after_seconds`. A request whose reply was
 lost (connection dropped, read timed out) is sent again unchanged: `start` and `bind` always carry an
 `idempotency_key`, so the repeat joins the first attempt's work. Refusals that say when to come back
 (`Retry-After`: too many operations, a claimed transport, a session not yet terminated) are retried after
@@ -40,13 +40,14 @@ _RETRIED_CODES = frozenset({"too-many-operations", "transport-claimed", "session
 _LOST_REPLY = (httpx.TransportError,)  # connect, read, write, pool and protocol errors
 
 
-# ---- typed errors (SPEC 14) -----------------------------------------------------------------------------
+# ---- typed errors (CONTRACT §14)
+# -----------------------------------------------------------------------------
 
 
 class ConnectorError(Exception):
-    """A `sensorium-error.v1` refusal; `code` is its SPEC 14 code."""
+    """A `sensorium-error.v1` refusal; `code` is its CONTRACT §14 code."""
 
-    code: ClassVar[str] = ""  # each subclass below names one SPEC 14 code
+    code: ClassVar[str] = ""  # each subclass below names one CONTRACT §14 code
 
     def __init__(self, status_code: int, document: ErrorDocument, retry_after_seconds: int | None) -> None:
         paths = "; ".join(d.message or d.code for d in document.diagnostics or ())

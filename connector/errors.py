@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-# SPEC section 14: HTTP status of every refusal code. Terminal status codes have no HTTP status.
+# CONTRACT section 14: HTTP status of every refusal code. Terminal status codes have no HTTP status.
 HTTP_STATUS_BY_CODE: Mapping[str, int] = {
     "invalid-json": 400,
     "unauthenticated": 401,
@@ -76,7 +76,7 @@ def unknown_operation() -> SensoriumError:
 
 
 class AdmissionError(SensoriumError):
-    """A directive was refused during admission (SPEC section 2)."""
+    """A directive was refused during admission (CONTRACT section 2)."""
 
     default_code = "invalid-directive"
 

@@ -2,8 +2,8 @@
 
 A provider starts one session per admitted scope and pushes observations into a sink. `stop()` is
 idempotent and returns only once *this* session ended: acknowledged by the backend, or proven by a
-qualified proof (SPEC 6.7); it raises `StopUnconfirmed` otherwise. Driver errors are translated at the edge
-into `connector.errors.ProviderError` subclasses.
+qualified proof (CONTRACT §6.7); it raises `StopUnconfirmed` otherwise. Driver errors are translated at the
+edge into `connector.errors.ProviderError` subclasses.
 
 `BaseSession` is what every backend shares, as bleak's `BaseBleakScanner` is for its backends: the
 closed/confirmed gate, the compiled scope re-filter, and the one owner of the cleanup bound. A backend

@@ -13,8 +13,8 @@ only (adapter.c and mgmt.c `is_filter_match`), while a scope's UUID also matches
 Device1 `UUIDs` holds (device.c `add_service_data`); the worker matches UUIDs, names and company ids.
 
 A stop is acknowledged when the worker's bleak `stop()` returned (or BlueZ said this client holds no
-session). Without that, the qualified proof of SPEC 6.7: kill and reap the worker, see its unique bus name
-released (NameOwnerChanged to empty, on the connector's own connection), then one round trip to
+session). Without that, the qualified proof of CONTRACT §6.7: kill and reap the worker, see its unique bus
+name released (NameOwnerChanged to empty, on the connector's own connection), then one round trip to
 `org.bluez` answered - bluetoothd handles the disconnect before that later call.
 """
 
@@ -460,7 +460,7 @@ class BleProvider:
         self._capabilities = ProviderCapabilities(
             transport="ble",
             backend_filters=frozenset({"min_rssi_dbm"}),  # never UUIDs (CONTRACT §6.3)
-            # Every session is a BlueZ discovery client of its own (SPEC 6.7).
+            # Every session is a BlueZ discovery client of its own (CONTRACT §6.7).
             concurrent_sessions=True,
         )
 

@@ -1,11 +1,11 @@
 """The BLE worker: one process per BLE session, running bleak on a D-Bus connection of its own.
 
 Started by `providers.ble.BleSession` as `python -m providers.ble_worker`; it is one BlueZ discovery client
-(SPEC 6.7), so BlueZ merges its filter with the other sessions' and drops its discovery session when the
+(CONTRACT §6.7), so BlueZ merges its filter with the other sessions' and drops its discovery session when the
 process dies (src/adapter.c `discovery_disconnect`). Rules of this file:
 - it dies with the connector: `PR_SET_PDEATHSIG` (SIGKILL) and exit on EOF of its stdin;
 - logging is disabled and stderr goes nowhere: no handler can carry device data; nothing touches disk;
-- only advertisement reports are observations (SPEC 6.5): bleak runs its callback on every Device1
+- only advertisement reports are observations (CONTRACT §6.5): bleak runs its callback on every Device1
   PropertiesChanged with the merged properties (bleak/backends/bluezdbus/manager.py `_parse_msg` ->
   `_run_advertisement_callbacks`), so the worker's manager marks the message being parsed and the callback
   keeps only those that carry a report;
@@ -63,7 +63,7 @@ DBUS = "org.freedesktop.DBus"
 ADAPTER_IFACE = "org.bluez.Adapter1"
 DEVICE_IFACE = "org.bluez.Device1"
 PROPERTIES_IFACE = "org.freedesktop.DBus.Properties"
-# The Device1 properties whose change is an advertisement report (SPEC 6.5; src/adapter.c
+# The Device1 properties whose change is an advertisement report (CONTRACT §6.5; src/adapter.c
 # `btd_adapter_device_found` sets exactly these from a report).
 REPORT_PROPERTIES = frozenset({"RSSI", "ManufacturerData", "ServiceData", "TxPower"})
 

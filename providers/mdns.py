@@ -1,6 +1,6 @@
 """mDNS provider: every session runs its own python-zeroconf engine, so only answers it received count.
 
-SPEC 6.5 read against python-zeroconf 0.154:
+CONTRACT §6.5 read against python-zeroconf 0.154:
 - An engine's `DNSCache` (`_cache.py`) keeps records until their TTL runs out, and a new `ServiceBrowser`
   is fed every unexpired cached PTR (`_handlers/record_manager.py _async_update_matching_records`). A
   per-session `AsyncZeroconf` starts with an empty cache: a responder that went silent before the session
@@ -57,7 +57,7 @@ from providers.mdns_interfaces import (
 )
 
 DEFAULT_RESOLVE_TIMEOUT_MS = 1500
-PRESENCE_INTERVAL_S = 0.5  # SPEC 6.5: presence passes at most 1 s apart
+PRESENCE_INTERVAL_S = 0.5  # CONTRACT §6.5: presence passes at most 1 s apart
 RETRY_RESOLVE_S = 3.0  # an instance whose SRV did not arrive is asked again after this long
 _START_TIMEOUT_S = 2.0
 _CLOSE_BOUND_S = 2.0  # an engine closed on a failed start: how long the failing caller waits for it

@@ -1,4 +1,5 @@
-"""Which network interfaces an mDNS session queries on (SPEC 12 `--mdns-interfaces`), chosen at session start.
+"""Which network interfaces an mDNS session queries on (CONTRACT §12 `--mdns-interfaces`), chosen at session
+start.
 
 - default (`None`): the interface the kernel routes mDNS to - its route to `224.0.0.251`, as python-zeroconf's
   `InterfaceChoice.Default` binds it, else the IPv6 default route - with its IPv4 address and its IPv6

@@ -1,4 +1,5 @@
-"""The replay backend: plays an `hw-fixtures/` file (SPEC 13) through the seam and filters real providers use.
+"""The replay backend: plays an `hw-fixtures/` file (CONTRACT §13) through the seam and filters real providers
+use.
 
 Each session plays the file from its first line, starting when the session starts, at recorded timing
 divided by `speed`; after the last line it stays quiet (no loop, no failure) until it is stopped.

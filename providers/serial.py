@@ -5,9 +5,9 @@ devices; built-in UARTs such as the VM console `ttyS0` never leave the provider.
 
 pyserial 3.5's `comports()` raises (TypeError from `int(None, 16)`, `list_ports_linux.py` lines 48-53) when a
 device's sysfs attributes vanish mid-read, as they do during plug, unplug and board resets (pyserial#774,
-#550). SPEC 6.5: such a pass is skipped - it neither refreshes nor drops a device - and only
+#550). CONTRACT §6.5: such a pass is skipped - it neither refreshes nor drops a device - and only
 `MAX_FAILED_PASSES` consecutive failures end the session `provider-failure`. Each pass also maps device
-nodes to their udev `/dev/serial/by-id/` links, the address a binding reveals (SPEC 6.8); the map is read
+nodes to their udev `/dev/serial/by-id/` links, the address a binding reveals (CONTRACT §6.8); the map is read
 again only when the directory changed (`ByIdLinks`).
 """
 
@@ -32,8 +32,8 @@ from connector.core.scope import DiscoveryScope, matches_scope
 from connector.errors import ProviderError
 from providers.base import BaseSession, ObservationSink, ProviderCapabilities
 
-MAX_POLL_INTERVAL_S = 1.0  # SPEC 6.5: enumeration passes at most 1 s apart
-MAX_FAILED_PASSES = 3  # SPEC 6.5: consecutive failed passes that end a session
+MAX_POLL_INTERVAL_S = 1.0  # CONTRACT §6.5: enumeration passes at most 1 s apart
+MAX_FAILED_PASSES = 3  # CONTRACT §6.5: consecutive failed passes that end a session
 BY_ID_DIR = "/dev/serial/by-id"
 # A directory changed again within its timestamp granularity (a jiffy on tmpfs) keeps its mtime, so a
 # listing is trusted only once the mtime it was read under is older than this.

@@ -1,4 +1,4 @@
-"""Simulated backends for mock-device CI (SPEC 13.1): devices and adapter faults scripted at run time.
+"""Simulated backends for mock-device CI (CONTRACT §13.1): devices and adapter faults scripted at run time.
 
 One `SimulatedAdapter` per transport holds the devices a test put there, whether the adapter is powered,
 and how the next stops answer. Its provider plugs into the same seam as replay and the real libraries, and
@@ -76,7 +76,7 @@ class SimDevice:
 
 
 def _identity(observation: Observation) -> str:
-    """BLE address, USB device node, mDNS service type + name (SPEC 13.1)."""
+    """BLE address, USB device node, mDNS service type + name (CONTRACT §13.1)."""
     if isinstance(observation, BleObservation):
         return observation.address.upper()
     if isinstance(observation, UsbObservation):
@@ -85,7 +85,7 @@ def _identity(observation: Observation) -> str:
 
 
 def parse_device(transport: Transport, body: Any) -> tuple[Observation, int]:
-    """A POSTed device (SPEC 13 line without `t_ms`; BLE may add `interval_ms`) as an observation."""
+    """A POSTed device (CONTRACT §13 line without `t_ms`; BLE may add `interval_ms`) as an observation."""
     if not isinstance(body, dict):
         raise _refused("", "not-an-object")
     doc = dict(body)

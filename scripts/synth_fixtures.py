@@ -1,4 +1,4 @@
-"""Write the synthesised `hw-fixtures/` sessions (SPEC 13), deterministically from a fixed seed.
+"""Write the synthesised `hw-fixtures/` sessions (CONTRACT §13), deterministically from a fixed seed.
 
 Nothing here came from hardware: every header says `"source": "synthesised"`. Addresses are locally
 administered random MACs, IPs come from the documentation ranges 192.0.2.0/24 and 198.51.100.0/24, and
@@ -48,7 +48,7 @@ NUS = "6e400001-b5a3-f393-e0a9-e50e24dcca9e"
 
 
 def header(transport: str, adapter: str | None, notes: str) -> Line:
-    """The SPEC 13 header line of a synthesised session."""
+    """The CONTRACT §13 header line of a synthesised session."""
     return {
         "fixture": FORMAT,
         "transport": transport,

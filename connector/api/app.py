@@ -24,10 +24,11 @@ from connector.telemetry.metrics import RequestTimer, Telemetry
 # What no JSON Schema can say about open objects (`input`, `extensions`, `causal/context`), nor about the
 # spelling of a number (JSON Schema counts 1.0 as the integer 1).
 API_DESCRIPTION = (
-    "The Sensorium OS discovery connector (SPEC 9). Wire rule (SPEC 1): every number in a request body is an "
-    "integer within +-(2^53 - 1) written without fraction or exponent, anywhere in the body, open objects "
-    "included; strings are valid Unicode and objects repeat no key. A body that is not strict JSON answers "
-    "400 `invalid-json`, other numbers 422 `invalid-directive` / `invalid-input`."
+    "The Sensorium OS discovery connector (CONTRACT §9). Wire rule (CONTRACT §1): every number in a request "
+    "body is an integer within +-(2^53 - 1) (an integral spelling such as 5.0 or 5e3 is that integer), "
+    "anywhere in the body, open objects included; strings are valid Unicode and objects repeat no key. "
+    "A body that is not strict JSON answers 400 `invalid-json`, other numbers 422 `invalid-directive` / "
+    "`invalid-input`."
 )
 HEALTH = Route(
     oks=(Ok(200, ("health",), description="ready"), Ok(503, ("health",), description="starting")),

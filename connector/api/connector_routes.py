@@ -1,4 +1,5 @@
-"""SPEC 9 connector routes: directives, operations, selections, bindings, catalog, principal revocation."""
+"""CONTRACT §9 connector routes: directives, operations, selections, bindings, catalog, principal
+revocation."""
 
 from __future__ import annotations
 
@@ -81,7 +82,7 @@ def connector_router(service: ConnectorService) -> APIRouter:
     @router.post("/v1/directives", **declare(INVOKE))
     async def invoke(request: Request) -> Response:
         """sensorium.directive.invoke: 200 sync result or 202 deferred handle."""
-        principal = service.authenticate(bearer_token(request))  # SPEC 2 step 1, once, before the body
+        principal = service.authenticate(bearer_token(request))  # CONTRACT §2 step 1, once, before the body
         directive = await _json(request, directive=True)
         return to_response(await service.invoke(principal, directive))
 
@@ -148,7 +149,7 @@ async def _with_body(
     request: Request,
     call: Callable[[Any], Awaitable[Answer]],
 ) -> Response:
-    """Authenticate (SPEC 2 step 1 comes first), parse the JSON body (400 `invalid-json`), then call."""
+    """Authenticate (CONTRACT §2 step 1 comes first), parse the JSON body (400 `invalid-json`), then call."""
     service.authenticate(bearer_token(request))
     body = await _json(request, directive=False)
     return to_response(await call(body))

@@ -1,4 +1,4 @@
-"""The operator console (SPEC 8, 11): server-rendered HTML under `/admin/`, usable without JavaScript.
+"""The operator console (CONTRACT §8, 11): server-rendered HTML under `/admin/`, usable without JavaScript.
 
 Rules of this file:
 - a browser without a live operator session is sent (303) to `/admin/sign-in`; the session id lives only in

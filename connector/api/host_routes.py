@@ -47,14 +47,14 @@ _STATUSES = ["pending", "running", "completed", "failed", "timed-out", "cancelle
 
 
 def host_router(host: HostService) -> APIRouter:
-    """Routes of the reference host (SPEC 9, "The reference host adds")."""
+    """Routes of the reference host (CONTRACT §9, "The reference host adds")."""
     router = APIRouter()
 
     @router.post("/v1/host/directives", **declare(ADMIT))
     async def admit(request: Request) -> Response:
         """Host admission: 202 `deferred-operation.v1` (Location, Retry-After) or the sync result."""
         token = bearer_token(request)
-        host.port.authenticate(token)  # SPEC 2 step 1 before the body is even parsed
+        host.port.authenticate(token)  # CONTRACT §2 step 1 before the body is even parsed
         body = parse_json_body(await request.body(), directive=True)
         return to_response(await host.admit(token, body))
 

@@ -135,11 +135,11 @@ def _component_ref(ref: str, base: str) -> str:
     return f"{COMPONENTS}{owner}.{name}"
 
 
-# ---- the numbers of SPEC 1, stated where JSON Schema can state them ----------------------------------
+# ---- the numbers of CONTRACT §1, stated where JSON Schema can state them ----------------------------------
 
 
 def strict_value(depth: int = STRICT_VALUE_DEPTH) -> dict[str, Any]:
-    """Any JSON value a caller may send (SPEC 1), its numbers integers within +-(2^53 - 1).
+    """Any JSON value a caller may send (CONTRACT §1), its numbers integers within +-(2^53 - 1).
 
     Objects go through the recursive `strict-json-object` model (generators take a `$ref` to a model, never
     to a union); arrays are inline, `depth` deep. An array right inside that many arrays is left out: the
@@ -167,7 +167,7 @@ _SAFE_INTEGER = {"type": "integer", "minimum": -MAX_SAFE_INTEGER, "maximum": MAX
 
 
 def strict_numbers(node: Any) -> Any:
-    """`node` with SPEC 1's number rule spelt out: every integer bounded, every open member's values (and
+    """`node` with CONTRACT §1's number rule spelt out: every integer bounded, every open member's values (and
     every any-value member) a strict JSON value. Conditionals are left as they are (see `_CONDITIONALS`)."""
     if isinstance(node, list):
         return [strict_numbers(item) for item in node]
@@ -188,7 +188,7 @@ def strict_numbers(node: Any) -> Any:
     return result
 
 
-# ---- documents of this API that no wire schema names (SPEC 9) -----------------------------------------
+# ---- documents of this API that no wire schema names (CONTRACT §9) -----------------------------------------
 
 
 def _ref(name: str) -> dict[str, str]:
@@ -234,7 +234,7 @@ _DURABLE_VIEW = _closed(
         "created_at": _TIME,
         "updated_at": _TIME,
         "bus_op": _nullable(_TEXT),
-        "metadata": {"type": "object", "description": "durable metadata (SPEC 6.6): no candidate data"},
+        "metadata": {"type": "object", "description": "durable metadata (CONTRACT §6.6): no candidate data"},
         "route": {"enum": ["host", "bus", "connector"], "description": "where it was admitted"},
         "action": _nullable(_TEXT),
         "transport": _nullable(_ref("common.defs.transport")),
@@ -343,8 +343,8 @@ API_COMPONENTS: Mapping[str, Any] = {
         },
         required=("principal/id", "revoked", "revoked_actions"),
     ),
-    # SPEC 13.1 (`serve --simulate` only): a device is one hw-fixtures line without `t_ms`.
-    "sim-device": {"type": "object", "description": "one SPEC 13 observation line without t_ms"},
+    # CONTRACT §13.1 (`serve --simulate` only): a device is one hw-fixtures line without `t_ms`.
+    "sim-device": {"type": "object", "description": "one CONTRACT §13 observation line without t_ms"},
     "sim-id": _closed({"sim/id": {"type": "string", "minLength": 1}}),
     "sim-adapter-request": {
         "oneOf": [
@@ -415,7 +415,8 @@ class Route:
 ANY_ROUTE_REFUSALS = ("body-too-large", "internal")
 # What the server's edge answers below every route (CONTRACT §8): read deadlines, foreign `Host`, the cap.
 EDGE_REFUSALS = ("request-timeout", "misdirected-request", "overloaded")
-# What admitting a directive may refuse (SPEC 2): the connector's invoke route and the host's admit route.
+# What admitting a directive may refuse (CONTRACT §2): the connector's invoke route and the host's admit
+# route.
 ADMISSION_REFUSALS = (
     "invalid-json",
     "body-too-large",
@@ -431,7 +432,7 @@ ADMISSION_REFUSALS = (
     "too-many-operations",
     "transport-claimed",
 )
-# Refusal codes that carry `Retry-After` (SPEC 2 step 9, 6.8).
+# Refusal codes that carry `Retry-After` (CONTRACT §2 step 9, 6.8).
 RETRY_AFTER_CODES = frozenset(
     {"too-many-operations", "transport-claimed", "session-not-terminated", "overloaded"}
 )
@@ -475,7 +476,8 @@ def _ok_response(ok: Ok) -> dict[str, Any]:
     return response
 
 
-# Refusals a request valid against this document can still meet: rules no JSON Schema states (SPEC 2, 6.1).
+# Refusals a request valid against this document can still meet: rules no JSON Schema states (CONTRACT §2,
+# 6.1).
 _SEMANTIC_NOTES: Mapping[str, str] = {
     "invalid-directive": "invalid-directive also for rules beyond the schema (CONTRACT §1: causal/context "
     "above 4096 bytes of canonical JSON; a number that is not an integer within +-(2^53 - 1))",
@@ -547,7 +549,11 @@ def build_document(app: FastAPI) -> dict[str, Any]:
     components["schemas"] = {**strict_numbers(schemas), JSON_OBJECT: _strict_object()}
     document["paths"] = strict_numbers(document.get("paths", {}))
     components["securitySchemes"] = {
-        SECURITY_SCHEME: {"type": "http", "scheme": "bearer", "description": "a principal's token (SPEC 8)"}
+        SECURITY_SCHEME: {
+            "type": "http",
+            "scheme": "bearer",
+            "description": "a principal's token (CONTRACT §8)",
+        }
     }
     return document
 

@@ -1,4 +1,4 @@
-"""SPEC 13.1 simulation routes (`serve --simulate` only): script devices and adapter faults at run time.
+"""CONTRACT §13.1 simulation routes (`serve --simulate` only): script devices and adapter faults at run time.
 
 Operators only (401 without a token, 403 for callers). A transport that is not simulated, an unknown
 transport and an unknown device all answer 404 `not-found`, like a route that does not exist. Refusals

@@ -1,1 +1,1 @@
-"""The Bus surface (SPEC 10): operations on NATS, a client, and the `op.done` announcements."""
+"""The Bus surface (CONTRACT §10): operations on NATS, a client, and the `op.done` announcements."""

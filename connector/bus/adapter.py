@@ -1,9 +1,9 @@
-"""The Bus face of the connector (SPEC 10): `<svc>.op.start|get|cancel` on NATS, and `<svc>.op.done`.
+"""The Bus face of the connector (CONTRACT §10): `<svc>.op.start|get|cancel` on NATS, and `<svc>.op.done`.
 
 Rules of this file:
 - every request is authenticated from its `Authorization: Bearer <token>` header and re-checked against the
-  principal's current grant (SPEC 8); an operation this principal may not see answers exactly like one that
-  never existed (`{op, state: "unknown"}`);
+  principal's current grant (CONTRACT §8); an operation this principal may not see answers exactly like one
+  that never existed (`{op, state: "unknown"}`);
 - `op.start` goes through HOST admission, so the operation is in the durable registry before the reply;
   a caller-chosen `op` is the handle and the idempotency key: a retry joins the same work;
 - replies and announcements are built from the registry's durable record only (never a status with a

@@ -1,8 +1,9 @@
-"""Bus messages (SPEC 10): subjects, request parsing, and the envelopes of replies and `op.done`.
+"""Bus messages (CONTRACT §10): subjects, request parsing, and the envelopes of replies and `op.done`.
 
 Rules of this file:
-- every envelope is built from an operation's DURABLE record (SPEC 7); keys that could carry caller-private
-  data (`progress`, `result`, `snapshot`, `candidates`) are dropped even if a record ever held them;
+- every envelope is built from an operation's DURABLE record (CONTRACT §7); keys that could carry
+  caller-private data (`progress`, `result`, `snapshot`, `candidates`) are dropped even if a record ever
+  held them;
 - `state` follows `connector.core.lifecycle.bus_state`/`bus_reason`; two cases the table leaves open are
   decided here: a record the host lost track of (status `unknown`) is `lost` with reason
   `unknown-operation` (the service saw it, so it is terminal on the Bus), and a terminal record older than
@@ -159,7 +160,7 @@ def _invalid(path: str, rule: str) -> SensoriumError:
 
 
 def _decode(data: bytes, allowed: frozenset[str]) -> dict[str, Any]:
-    """A closed, strict JSON object of at most `MAX_REQUEST_BYTES` (SPEC 1: `invalid-json` or 422)."""
+    """A closed, strict JSON object of at most `MAX_REQUEST_BYTES` (CONTRACT §1: `invalid-json` or 422)."""
     if len(data) > MAX_REQUEST_BYTES:
         raise SensoriumError("the Bus request is too large", code="body-too-large")
     body = strict_json.loads(data, directive_at=("directive",) if "directive" in allowed else None)

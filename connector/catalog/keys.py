@@ -1,4 +1,5 @@
-"""Operator Ed25519 keys on disk: `<key/id>.pub` and `<key/id>.key`, raw 32 bytes in base64url (SPEC 12)."""
+"""Operator Ed25519 keys on disk: `<key/id>.pub` and `<key/id>.key`, raw 32 bytes in base64url (CONTRACT
+§12)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""Signing and verifying the action catalog (SPEC 1, 12); pure: documents in, verdicts out, `now` passed in.
+"""Signing and verifying the action catalog (CONTRACT §1, 12); pure: documents in, verdicts out, `now` passed
+in.
 
 Verification checks, in this order, and refuses at the first failure: the signature document's shape, the
 catalog's shape, a trusted key, the Ed25519 signature over the catalog's RFC 8785 bytes, the validity
@@ -78,7 +79,7 @@ class VerifiedCatalog:
         return _to_profile(action.discovery)
 
     def summary(self) -> dict[str, Any]:
-        """The `GET /v1/catalog` summary document (SPEC 9)."""
+        """The `GET /v1/catalog` summary document (CONTRACT §9)."""
         return {
             "catalog/id": self.catalog_id,
             "catalog/version": self.version,
@@ -191,7 +192,7 @@ def _check_version(catalog: ActionCatalog, highest_accepted_version: int | None)
 
 
 def _check_spec_rules(catalog: ActionCatalog) -> None:
-    """SPEC 6.1: a discovery action is `async-only` (a sync scan would need a deferred handle)."""
+    """CONTRACT §6.1: a discovery action is `async-only` (a sync scan would need a deferred handle)."""
     for index, action in enumerate(catalog.actions):
         if action.action_class == "discovery" and action.execution_mode_support != "async-only":
             raise CatalogError(

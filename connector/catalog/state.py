@@ -1,6 +1,6 @@
 """The rollback floor: `<data-dir>/catalog-state.json` keeps the highest accepted version per `catalog/id`.
 
-The floor itself is global (SPEC 12: "the highest recorded"): a catalog is refused when its version is
+The floor itself is global (CONTRACT §12: "the highest recorded"): a catalog is refused when its version is
 lower than the highest version recorded for ANY catalog id, so that a fresh id cannot reset the floor.
 A state file that cannot be read as such refuses every catalog (`catalog-state-invalid`) rather than
 silently forgetting the floor.

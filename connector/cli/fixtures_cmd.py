@@ -380,7 +380,7 @@ async def find_service_types(interfaces: Sequence[str] | str | None, seconds: fl
         if state_change is not ServiceStateChange.Removed and _is_service_type(name):
             found.add(normalise_service_type(name))
 
-    try:  # the same interfaces a recording session would use (SPEC 12)
+    try:  # the same interfaces a recording session would use (CONTRACT §12)
         selection = select_interfaces(check_setting(interfaces))
     except NoMulticastInterface as reason:
         raise ProviderUnavailable(str(reason)) from None

@@ -1,7 +1,7 @@
-"""`sensorium-connector ops watch|get|cancel|start`: Bus operations from the terminal (SPEC 10, 12).
+"""`sensorium-connector ops watch|get|cancel|start`: Bus operations from the terminal (CONTRACT §10, 12).
 
 `ops watch OP` exits with the code of the operation's terminal state: 0 `done`, 1 `failed` or `lost`,
-130 `cancelled` (a confirmed stop, as SPEC 12 uses 130), 2 for a usage error, an unreachable broker or a
+130 `cancelled` (a confirmed stop, as CONTRACT §12 uses 130), 2 for a usage error, an unreachable broker or a
 refused request. Ctrl-C stops watching (the operation goes on) and exits 130.
 """
 

@@ -1,4 +1,4 @@
-"""The fixture recorder: one session from a real provider, written as an `hw-fixtures/` file (SPEC 13).
+"""The fixture recorder: one session from a real provider, written as an `hw-fixtures/` file (CONTRACT §13).
 
 Rules of this file:
 - the recorder is the one place where observations leave memory, and only into the file the operator asked
@@ -198,7 +198,7 @@ def pseudonymised(observation: Observation, names: Pseudonymiser) -> Observation
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Lines (SPEC 13)
+# Lines (CONTRACT §13)
 
 
 @dataclass(frozen=True, slots=True)
@@ -212,7 +212,7 @@ class FixtureHeader:
     notes: str
 
     def line(self) -> dict[str, Any]:
-        """The header object, in SPEC order."""
+        """The header object, in CONTRACT order."""
         return {
             "fixture": FIXTURE_FORMAT,
             "transport": self.transport,
@@ -290,7 +290,7 @@ def _mdns_line(observation: MdnsObservation, t_ms: int) -> dict[str, Any]:
 
 
 def observation_line(observation: Observation, t_ms: int) -> dict[str, Any]:
-    """The SPEC 13 line of one observation, `t_ms` after the start of the recording."""
+    """The CONTRACT §13 line of one observation, `t_ms` after the start of the recording."""
     if isinstance(observation, BleObservation):
         return _ble_line(observation, t_ms)
     if isinstance(observation, UsbObservation):

@@ -247,7 +247,7 @@ def _plan(args: argparse.Namespace) -> ScanPlan:
 
 
 def _admitted(catalog: VerifiedCatalog, raw_input: dict[str, Any], now: datetime) -> SessionSpec:
-    """The scan through the same admission as `serve` (SPEC 2), for the operator at the terminal."""
+    """The scan through the same admission as `serve` (CONTRACT §2), for the operator at the terminal."""
     from connector.core.admission import AdmittedScan, plan_admission
     from connector.core.policy import DeferredHostPolicy
 

@@ -1,4 +1,5 @@
-"""The `scan` flags' forms of a discovery input (SPEC 12): `--filter KEY=VALUE` pairs to the JSON `input`.
+"""The `scan` flags' forms of a discovery input (CONTRACT §12): `--filter KEY=VALUE` pairs to the JSON
+`input`.
 
 Malformed pairs are refused like the core refuses an input: `path: rule` diagnostics, never the value.
 """
@@ -47,7 +48,7 @@ def _value(key: str, text: str) -> object:
     if key == "service_uuid":
         return expand_uuid(text)
     if key == "manufacturer_id":
-        # Decimal (as SPEC 13 fixtures write company ids) or 0x hex (as the scan table prints them).
+        # Decimal (as CONTRACT §13 fixtures write company ids) or 0x hex (as the scan table prints them).
         if re.fullmatch(r"0[xX][0-9a-fA-F]{1,4}", text):
             return int(text, 16)
         return _int(text) if re.fullmatch(r"[0-9]+", text) else None

@@ -1,4 +1,5 @@
-"""The wire contract (SPEC 1): schemas in `schemas/`, pydantic models, semantic rules, one `validate` entry.
+"""The wire contract (CONTRACT §1): schemas in `schemas/`, pydantic models, semantic rules, one `validate`
+entry.
 
 - `schemas`: load the JSON Schemas, `schema_violations(name, doc)`
 - `models`: `MODELS[name]`, `validate_wire(name, doc)`, `WireModel.to_wire()`

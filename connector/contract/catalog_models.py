@@ -1,4 +1,4 @@
-"""Models of the operator-signed action catalog and its detached signature (SPEC 1, 2, 6.1).
+"""Models of the operator-signed action catalog and its detached signature (CONTRACT §1, 2, 6.1).
 
 They mirror `schemas/sensorium-action-catalog.v1.schema.json` and
 `schemas/sensorium-catalog-signature.v1.schema.json`; the vectors under `schemas/vectors/` hold both to
@@ -88,14 +88,14 @@ class _Closed(BaseModel):
 
 
 class DeferredProfileModel(_Closed):
-    """An action's hints for deferred work (SPEC 3)."""
+    """An action's hints for deferred work (CONTRACT §3)."""
 
     preferred_max_ttl_seconds: PositiveInt | None = None
     retry_after_seconds: NonNegativeInt | None = None
 
 
 class DiscoveryProfileModel(_Closed):
-    """The `discovery` profile of a discovery action (SPEC 6.1)."""
+    """The `discovery` profile of a discovery action (CONTRACT §6.1)."""
 
     transports: tuple[Transport, ...] = Field(min_length=1, max_length=3)
     max_window_seconds: PositiveInt

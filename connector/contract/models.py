@@ -1,4 +1,5 @@
-"""Pydantic models of every wire document (SPEC 1): the typed documents of `connector.client` and `validate`.
+"""Pydantic models of every wire document (CONTRACT §1): the typed documents of `connector.client` and
+`validate`.
 
 `schemas/` is the canonical shape; `tests/contract/test_model_schemas.py` compares every model with its
 schema (members, required set, consts and enums, types, bounds, patterns), so neither drifts unnoticed.
@@ -99,7 +100,7 @@ class WireModel(BaseModel):
 
 
 class OpenWireModel(WireModel):
-    """An open object (SPEC 1): typed where named, anything else allowed."""
+    """An open object (CONTRACT §1): typed where named, anything else allowed."""
 
     model_config = ConfigDict(extra="allow")
 

@@ -89,7 +89,7 @@ def _without_dialect(contents: Mapping[str, Any]) -> Mapping[str, Any]:
 
 
 def _is_integer(checker: TypeChecker, instance: object) -> bool:
-    # The wire carries no floats (SPEC 1): 1.0 is not an integer here, as in the strict models.
+    # The wire carries no floats (CONTRACT §1): 1.0 is not an integer here, as in the strict models.
     return isinstance(instance, int) and not isinstance(instance, bool)
 
 

@@ -1,4 +1,5 @@
-"""Semantic rules of the wire documents (SPEC 1): what a JSON Schema cannot say, as pure functions over JSON.
+"""Semantic rules of the wire documents (CONTRACT §1): what a JSON Schema cannot say, as pure functions over
+JSON.
 
 Where a schema can express a rule it does, marked with the same `x-rule` name; this module is the authority
 either way, so the model path (which checks shapes only) finds exactly what the schema path finds.
@@ -38,7 +39,7 @@ STATUSES = NON_TERMINAL_STATUSES | TERMINAL_STATUSES
 _WITHOUT_ERROR = frozenset({"pending", "running", "completed", "cancelled"})
 _PARTIAL_BY_REASON = {"window-complete": False, "limit-reached": True, "deadline-reached": True}
 _CANCEL_REASON = "cancel/unavailable-reason"
-# SPEC 1: `causal/context` is echoed on every status and stored, so its canonical JSON is bounded.
+# CONTRACT §1: `causal/context` is echoed on every status and stored, so its canonical JSON is bounded.
 MAX_CAUSAL_CONTEXT_BYTES = 4096
 _PROFILE_BY_CLASS = {"discovery": "discovery", "command": "command"}
 

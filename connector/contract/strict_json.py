@@ -1,4 +1,4 @@
-"""Strict JSON for every document a caller sends (SPEC 1, last paragraph; SPEC 14).
+"""Strict JSON for every document a caller sends (CONTRACT §1, last paragraph; CONTRACT §14).
 
 Rules of this file:
 - not strict JSON is `invalid-json` (400): bytes that are not UTF-8 or not JSON, `NaN`, `Infinity`,

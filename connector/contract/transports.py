@@ -1,4 +1,5 @@
-"""The transports a discovery action may name (SPEC 6.1): pure data, shared by the catalog and the core."""
+"""The transports a discovery action may name (CONTRACT §6.1): pure data, shared by the catalog and the
+core."""
 
 from __future__ import annotations
 
@@ -8,5 +9,5 @@ from typing import Literal
 
 Transport = Literal["ble", "usb-serial", "mdns"]
 TRANSPORTS: tuple[Transport, ...] = ("ble", "usb-serial", "mdns")
-# The candidate member that carries a transport's details (SPEC 6.3).
+# The candidate member that carries a transport's details (CONTRACT §6.3).
 CONTENT_KEYS: Mapping[Transport, str] = MappingProxyType({"ble": "ble", "usb-serial": "usb", "mdns": "mdns"})

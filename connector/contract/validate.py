@@ -1,4 +1,4 @@
-"""One entry for checking wire documents: shapes (schema or model) plus the semantic rules of SPEC 1."""
+"""One entry for checking wire documents: shapes (schema or model) plus the semantic rules of CONTRACT §1."""
 
 from __future__ import annotations
 

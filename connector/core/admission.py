@@ -1,8 +1,8 @@
-"""Admission (SPEC 2) as one pure plan: steps 2 to 8 in order, from a directive to what it starts.
+"""Admission (CONTRACT §2) as one pure plan: steps 2 to 8 in order, from a directive to what it starts.
 
 Rules of this file:
-- `plan_admission` runs the steps in SPEC order and refuses at the first failure with an `AdmissionError`
-  (or the `SensoriumError` of the grant check) carrying its SPEC 14 code; step 1 (authentication) comes
+- `plan_admission` runs the steps in CONTRACT order and refuses at the first failure with an `AdmissionError`
+  (or the `SensoriumError` of the grant check) carrying its CONTRACT §14 code; step 1 (authentication) comes
   before it, step 9 (concurrency, claim) after it, both at the edges that hold the state;
 - `directive["timing"]` is read here only; the plan's `now` is the one instant every derived time counts
   from (window end, deadline cut, timeout, expiry, `fail_after_seconds`);
@@ -40,7 +40,7 @@ EITHER: Final = "either"
 DEFAULT_EXECUTION_MODE_SUPPORT: Final = SYNC_ONLY
 DEFAULT_STATUS_VERSIONS: Final = (1,)
 
-# SPEC 2 step 8: the directive parts an idempotent replay must repeat; the rest may differ.
+# CONTRACT §2 step 8: the directive parts an idempotent replay must repeat; the rest may differ.
 FINGERPRINT_FIELDS: Final = ("action_id", "timing", "input")
 
 DIRECTIVE_SCHEMA: Final = "sensorium-directive.v1"
@@ -224,7 +224,7 @@ def plan_admission(
     op_key: str | None = None,
     check_grant: bool = True,
 ) -> Admitted:
-    """Steps 2-8 of SPEC 2 for an authenticated principal; `op_key` (a Bus `op`) overrides the key.
+    """Steps 2-8 of CONTRACT §2 for an authenticated principal; `op_key` (a Bus `op`) overrides the key.
 
     `check_grant=False` is for the operator at the terminal (`scan`), who holds no caller grants.
     """

@@ -1,4 +1,4 @@
-"""Authority (SPEC 8): principals, token hashes, grants and the checks every request goes through.
+"""Authority (CONTRACT §8): principals, token hashes, grants and the checks every request goes through.
 
 Rules held here:
 - only SHA-256 hex digests of bearer tokens are ever stored or compared, always in constant time and

@@ -1,4 +1,4 @@
-"""Candidate content: what a caller may learn about one device (SPEC 6.5), and nothing more.
+"""Candidate content: what a caller may learn about one device (CONTRACT §6.5), and nothing more.
 
 Rules of this file:
 - a candidate never carries a transport address: no BLE MAC, no IP address or port, no device path, no USB
@@ -104,7 +104,7 @@ def usb_content(observation: UsbObservation) -> dict[str, Any]:
 
 
 def usb_interface(observation: UsbObservation) -> str | None:
-    """SPEC 6.5 `usb.interface`: the interface string, else `interface <n>` on a multi-interface device.
+    """CONTRACT §6.5 `usb.interface`: the interface string, else `interface <n>` on a multi-interface device.
 
     pyserial 3.5 (`list_ports_linux.py` lines 55-58) gives the interface directory's name as `location` only
     when `bNumInterfaces` > 1; the kernel names it `<bus>-<port path>:<config>.<bInterfaceNumber>`.
@@ -136,7 +136,7 @@ def mdns_content(observation: MdnsObservation) -> dict[str, Any]:
 
 
 def candidate_content(observation: Observation, *, include_signal: bool = True) -> dict[str, Any]:
-    """The private, address-free candidate fields of one observation (SPEC 6.5)."""
+    """The private, address-free candidate fields of one observation (CONTRACT §6.5)."""
     if isinstance(observation, BleObservation):
         content = ble_content(observation)
         rssi = observation.rssi

@@ -1,4 +1,4 @@
-"""Time in one place: the wall clock, epoch milliseconds and the RFC 3339 spelling of SPEC 1.
+"""Time in one place: the wall clock, epoch milliseconds and the RFC 3339 spelling of CONTRACT §1.
 
 Everything else in the core takes `now` as an argument; only the composition root and the CLI read the
 wall clock, and they read it here.

@@ -1,4 +1,5 @@
-"""A `class: command` catalog action as admission and the runner see it, and its input rule (SPEC 2 step 6).
+"""A `class: command` catalog action as admission and the runner see it, and its input rule (CONTRACT §2 step
+6).
 
 Pure: the process side (argv resolution, environment, workers) stays in `connector.runtime.commands`.
 """

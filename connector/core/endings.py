@@ -1,4 +1,5 @@
-"""How a discovery session ends (SPEC 6.2, 6.7) as data: causes, their precedence, and one pure conclusion.
+"""How a discovery session ends (CONTRACT §6.2, 6.7) as data: causes, their precedence, and one pure
+conclusion.
 
 Rules of this file:
 - a session ends for one `EndCause`; `OVERRIDES` says which later cause replaces which earlier one (until

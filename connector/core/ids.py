@@ -1,4 +1,4 @@
-"""Operation ids (SPEC 4) and the opaque random ids of candidates, bindings and correlations.
+"""Operation ids (CONTRACT §4) and the opaque random ids of candidates, bindings and correlations.
 
 Entropy is passed in (the caller owns `secrets.token_bytes`), so every function here is deterministic.
 """
@@ -28,7 +28,7 @@ def operation_id(kind: str, *, principal_id: str, action_id: str, idempotency_ke
 
 
 def keyed_operation_id(principal_id: str, action_id: str, idempotency_key: str) -> str:
-    """The id of a keyed directive (SPEC 4): every face (HTTP, Bus, host) derives it here."""
+    """The id of a keyed directive (CONTRACT §4): every face (HTTP, Bus, host) derives it here."""
     return operation_id(
         OPERATION_KIND, principal_id=principal_id, action_id=action_id, idempotency_key=idempotency_key
     )

@@ -1,11 +1,11 @@
-"""The operation lifecycle (SPEC 5) as one transition table, shared by connector and host.
+"""The operation lifecycle (CONTRACT §5) as one transition table, shared by connector and host.
 
 Rules of this file:
 - `TRANSITIONS` is the only place a move is defined: state -> event -> new state. Everything else here
   (`next_status`, `check_transition`, `check_observed`, the diagram) is derived from it.
 - A terminal status has no outgoing moves; any attempt raises `IllegalTransition`.
 - `lose` (-> `unknown`) is the host's move alone: the connector answered 404 `unknown-operation`.
-- The Bus collapses statuses into its own states (SPEC 10); that mapping lives here too, so it can only
+- The Bus collapses statuses into its own states (CONTRACT §10); that mapping lives here too, so it can only
   follow the table.
 - Pure: no I/O, no clock, no logging.
 """
@@ -52,7 +52,7 @@ class Role(StrEnum):
 
 
 class BusState(StrEnum):
-    """Operation state as the Bus reports it (SPEC 10)."""
+    """Operation state as the Bus reports it (CONTRACT §10)."""
 
     QUEUED = "queued"
     RUNNING = "running"

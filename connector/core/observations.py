@@ -56,7 +56,8 @@ class UsbObservation:
     product: str | None = None
     location: str | None = None
     interface: str | None = None
-    # The `/dev/serial/by-id/...` link naming this port, when udev made one: it survives a replug (SPEC 6.8).
+    # The `/dev/serial/by-id/...` link naming this port, when udev made one: it survives a replug (CONTRACT
+    # §6.8).
     stable_path: str | None = None
 
     transport: Transport = "usb-serial"

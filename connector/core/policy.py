@@ -1,4 +1,4 @@
-"""Host policy (SPEC 3): clamps for retry hints, operation lifetime, discovery windows and response size.
+"""Host policy (CONTRACT §3): clamps for retry hints, operation lifetime, discovery windows and response size.
 
 A connector or caller can only narrow what the policy alone gives. Pure: `now` and the jitter draw are
 passed in.
@@ -14,7 +14,7 @@ from datetime import datetime, timedelta
 from connector.contract.catalog_models import DeferredProfileModel
 from connector.errors import SensoriumError
 
-# SPEC 1: the connector's retry hint when the action's deferred profile gives none.
+# CONTRACT §1: the connector's retry hint when the action's deferred profile gives none.
 DEFAULT_RETRY_AFTER_SECONDS = 1
 
 
@@ -45,7 +45,7 @@ class DeferredHostPolicy:
     max_attempts: int = 1000
     max_response_bytes: int = 262144
     max_operations_per_principal: int = 16
-    # All principals together, per transport: each real BLE session is a worker process (SPEC 3).
+    # All principals together, per transport: each real BLE session is a worker process (CONTRACT §3).
     max_live_sessions: int = 64
     jitter_fraction: float = 0.10
 
@@ -104,7 +104,7 @@ class DeferredHostPolicy:
         return live_sessions < self.max_live_sessions
 
 
-# SPEC 6.7: the qualified stop proof takes at most 1 s beyond cleanup_timeout_ms.
+# CONTRACT §6.7: the qualified stop proof takes at most 1 s beyond cleanup_timeout_ms.
 PROOF_BOUND_MS = 1000
 
 
@@ -120,7 +120,8 @@ def discovery_window_end(
     caller_deadline: datetime | None,
     cleanup_timeout_ms: int,
 ) -> tuple[datetime, bool]:
-    """The window's end and whether the caller's deadline (less cleanup and proof budgets, SPEC 3) cut it."""
+    """The window's end and whether the caller's deadline (less cleanup and proof budgets, CONTRACT §3) cut
+    it."""
     _require_aware(start)
     if window_seconds < 0 or cleanup_timeout_ms < 0:
         raise ValueError("window_seconds and cleanup_timeout_ms must be >= 0")
@@ -140,7 +141,7 @@ def _present_ttls(
     preferred_max_ttl: int | None,
     caller_deadline: datetime | None,
 ) -> list[timedelta]:
-    # A present zero stays zero: `or max_ttl` in SPEC 3 means "absent", never "falsy".
+    # A present zero stays zero: `or max_ttl` in CONTRACT §3 means "absent", never "falsy".
     ttls = [timedelta(seconds=max(s, 0)) for s in (connector_fail_after, preferred_max_ttl) if s is not None]
     if caller_deadline is not None:
         _require_aware(caller_deadline)

@@ -1,4 +1,5 @@
-"""The projections of an operation: a discovery's caller-private v2 status and its durable metadata (SPEC 7),
+"""The projections of an operation: a discovery's caller-private v2 status and its durable metadata (CONTRACT
+§7),
 and the `sensorium-connector-deferred.v1` handle of any accepted async directive.
 
 Rules of this file:
@@ -7,7 +8,7 @@ Rules of this file:
 - `durable_metadata` is what the registry, digests, operator views, receipts, the Bus and logs get: no
   candidates, refs, labels or addresses, no `name_prefix`/`instance_prefix` or exclusion values, no identity
   selectors, no count or number derived from candidate content other than `disclosed_count`;
-- SPEC 1's semantic rules hold by construction: no `progress` while a cancellation is requested (nor once
+- CONTRACT §1's semantic rules hold by construction: no `progress` while a cancellation is requested (nor once
   one was made: candidates are no longer delivered), `retry_after_seconds` only before the end, `result`
   only on `completed` and equal to the final snapshot, `error` only on failed/timed-out/expired.
 """
@@ -78,9 +79,9 @@ class SessionView:
     disclosed_count: int
     causal_context: Mapping[str, Any] | None = None
     # Time of the last lifecycle change (status, cancellation, cleanup, erasure). Unlike `updated_at_ms` it
-    # does not move with revision cuts, whose timing follows the devices seen (SPEC 7: not durable).
+    # does not move with revision cuts, whose timing follows the devices seen (CONTRACT §7: not durable).
     state_changed_at_ms: int | None = None
-    # Status diagnostic codes (e.g. `stop-by-disconnect`, SPEC 6.7): fixed names, never device data.
+    # Status diagnostic codes (e.g. `stop-by-disconnect`, CONTRACT §6.7): fixed names, never device data.
     diagnostics: tuple[str, ...] = ()
     # A provider's fixed one-line reason for not starting (never device data), shown instead of the
     # code's generic message; durable metadata keeps the code only.
@@ -174,7 +175,7 @@ def caller_status_v2(view: SessionView) -> dict[str, Any]:
 
 
 def durable_metadata(view: SessionView) -> dict[str, Any]:
-    """The durable projection (SPEC 7): what may be stored, digested, logged or sent on the Bus."""
+    """The durable projection (CONTRACT §7): what may be stored, digested, logged or sent on the Bus."""
     metadata: dict[str, Any] = {
         "operation/id": view.operation_id,
         "operation/kind": view.operation_kind,

@@ -1,4 +1,4 @@
-"""The candidate table of one discovery session and the revisions cut from it (SPEC 6.2, 6.4, 6.5).
+"""The candidate table of one discovery session and the revisions cut from it (CONTRACT §6.2, 6.4, 6.5).
 
 Rules of this file:
 - the scope is re-checked first; an out-of-scope observation is neither stored nor counted;

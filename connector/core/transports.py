@@ -19,7 +19,7 @@ class TransportFacts:
     """The facts of one transport that the rest of the code would otherwise branch on."""
 
     transport: Transport
-    # SPEC 6.1 filter keys, in vocabulary order (also the order a matcher tests them in).
+    # CONTRACT §6.1 filter keys, in vocabulary order (also the order a matcher tests them in).
     filter_keys: tuple[str, ...]
     # Keys a scan must name whatever the profile allows (mDNS: service types are the browser's only filter).
     required_filters: tuple[str, ...]

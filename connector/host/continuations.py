@@ -1,4 +1,5 @@
-"""Persisted continuations (SPEC 11, P055 6.2-6.3): a flow suspends on a deferred outcome and resumes once.
+"""Persisted continuations (CONTRACT §11, P055 6.2-6.3): a flow suspends on a deferred outcome and resumes
+once.
 
 Rules of this file:
 - a continuation is a value (`orbiplex-continuation.v1`), stored raw in the registry's own table and never

@@ -4,7 +4,7 @@ Rules of this file:
 - a handle (`deferred-operation.v1`) carries ids, times, links and the caller's own lineage fields; never the
   input, connector configuration or allowlists;
 - the host's policy fields replace the connector's: `expires_at` is the host's, `retry_after_seconds` is
-  clamped and jittered, and neither appears where SPEC 1 forbids it;
+  clamped and jittered, and neither appears where CONTRACT §1 forbids it;
 - a status the host builds itself (the connector no longer knows the operation, or the host decided the end)
   is made from DURABLE METADATA only, so it never carries candidates, progress or a result value;
 - messages are fixed texts chosen by code, never anything read from a caller or a device.

@@ -39,7 +39,7 @@ class ConnectorPort(Protocol):
     async def admit(
         self, principal: authority.Principal, directive: Any, *, op_key: str | None
     ) -> Accepted | Done:
-        """The connector's admission (SPEC 2) for an authenticated principal."""
+        """The connector's admission (CONTRACT §2) for an authenticated principal."""
 
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
         """Status and durable metadata, never candidates; None when the connector does not know the id."""
@@ -83,11 +83,12 @@ class InProcessConnector:
     async def admit(
         self, principal: authority.Principal, directive: Any, *, op_key: str | None
     ) -> Accepted | Done:
-        """Admission in SPEC 2 order; `op_key` (a Bus `op`) overrides the idempotency key."""
+        """Admission in CONTRACT §2 order; `op_key` (a Bus `op`) overrides the idempotency key."""
         return await self.service.invoke(principal, directive, op_key=op_key)
 
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
-        """Durable metadata: the SPEC 7 projection for discovery, the status without result for commands."""
+        """Durable metadata: the CONTRACT §7 projection for discovery, the status without result for
+        commands."""
         return await self.runtimes[kind].observe(operation_id)
 
     async def caller_status(
@@ -104,7 +105,7 @@ class InProcessConnector:
         return None if document is None else self._delivered(operation_id, document)
 
     async def stop(self, operation_id: str, kind: Kind, error_code: str) -> None:
-        """Discovery: terminate the session (cleanup per SPEC 6.7); commands: cancel cancelable work."""
+        """Discovery: terminate the session (cleanup per CONTRACT §6.7); commands: cancel cancelable work."""
         await self.runtimes[kind].stop(operation_id, error_code)
 
     def _delivered(self, operation_id: str, document: dict[str, Any]) -> dict[str, Any]:

@@ -1,4 +1,4 @@
-"""The reference host (SPEC 3, 7, 11): admits through the host policy, records durably, polls, answers.
+"""The reference host (CONTRACT §3, 7, 11): admits through the host policy, records durably, polls, answers.
 
 Rules of this file:
 - the registry row is committed before a 202 leaves; an idempotent repeat answers the first handle;
@@ -7,7 +7,7 @@ Rules of this file:
   holds both, nothing stays due, and the terminal listeners (op.done, continuation) fire once;
 - every read, poll and cancel by a caller re-checks the principal, its ownership of the row and its current
   grant; anything else is `unknown-operation`, exactly like an id nobody ever saw;
-- what is recorded is durable metadata (SPEC 7) only; the caller-private status is fetched live, shaped
+- what is recorded is durable metadata (CONTRACT §7) only; the caller-private status is fetched live, shaped
   with the host's policy fields and handed to the caller, never stored;
 - a status larger than `max_response_bytes` is not sent: the operation ends `failed` `response-too-large`;
 - an operation not terminal at `expires_at`, or after `max_attempts` host polls, ends `expired` and the
@@ -146,7 +146,7 @@ class HostService:
         if self.on_admitted is not None:
             self.on_admitted()
         if observed is not None and observed.status != record.status:
-            # It ended during admission (SPEC 11): concluded exactly as a poll that sees the end.
+            # It ended during admission (CONTRACT §11): concluded exactly as a poll that sees the end.
             await self._settle_observation(record, observed, self.clock(), attempts=None)
         return _accepted_handle(record)
 

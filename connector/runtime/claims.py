@@ -1,4 +1,4 @@
-"""Transport claims (SPEC 6.7), keyed by (transport, resolved adapter).
+"""Transport claims (CONTRACT §6.7), keyed by (transport, resolved adapter).
 
 A claim is taken before the provider is started and released only once cleanup is confirmed (an
 acknowledged stop or a qualified proof); an uncertain cleanup keeps it held, and blocking, until the
@@ -44,7 +44,7 @@ class ClaimRegistry:
 
     An exclusive claim blocks every other exclusive session on its key. Shared claims (backends that
     declared concurrent sessions) block nothing while healthy. Any claim whose cleanup became uncertain
-    blocks every new session on its key until it is released (SPEC 6.7).
+    blocks every new session on its key until it is released (CONTRACT §6.7).
     """
 
     def __init__(self) -> None:

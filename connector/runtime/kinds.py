@@ -96,14 +96,14 @@ class DiscoveryRuntime:
             return None
 
     async def stop(self, operation_id: str, error_code: str) -> None:
-        """Terminate the session (cleanup per SPEC 6.7)."""
+        """Terminate the session (cleanup per CONTRACT §6.7)."""
         try:
             self.manager.terminate(operation_id, error_code=error_code)
         except UnknownOperation:
             return
 
     async def observe(self, operation_id: str) -> Observed | None:
-        """The SPEC 7 projection."""
+        """The CONTRACT §7 projection."""
         try:
             metadata = self.manager.metadata(operation_id)
         except UnknownOperation:

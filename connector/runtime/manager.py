@@ -359,7 +359,7 @@ class DiscoveryManager:
             session.disclosed.update(_candidate_refs(document))
 
     def metadata(self, operation_id: str) -> dict[str, Any]:
-        """The durable projection (SPEC 7): no candidates, refs, labels or identity selectors."""
+        """The durable projection (CONTRACT §7): no candidates, refs, labels or identity selectors."""
         return durable_metadata(self._get(operation_id).view())
 
     async def wait_for_change(

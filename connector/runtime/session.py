@@ -1,4 +1,5 @@
-"""One discovery session (SPEC 6.2, 6.4, 6.7): provider start, candidate table, revision cuts, confirmed end.
+"""One discovery session (CONTRACT §6.2, 6.4, 6.7): provider start, candidate table, revision cuts, confirmed
+end.
 
 Rules of this file:
 - every status change goes through `connector.core.lifecycle.check_transition`;

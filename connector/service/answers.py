@@ -53,7 +53,7 @@ Answer = Accepted | Done | Created | Gone
 
 
 def public_refusal(error: SensoriumError) -> SensoriumError:
-    """The error as the caller sees it: a code outside SPEC 14 is a bug of ours, answered `internal`."""
+    """The error as the caller sees it: a code outside CONTRACT §14 is a bug of ours, answered `internal`."""
     if error.code in HTTP_STATUS_BY_CODE:
         return error
     _log.error("refusal with a code outside the error-code table answered as internal: %s", error.code)

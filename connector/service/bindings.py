@@ -1,4 +1,4 @@
-"""Selections and bindings (SPEC 6.8, 9): what a caller picked from a snapshot, and what it consumed.
+"""Selections and bindings (CONTRACT §6.8, 9): what a caller picked from a snapshot, and what it consumed.
 
 Rules of this file:
 - a selection and a bind answer live in memory only; the durable binding row (`ConnectorState`) is the only
@@ -110,7 +110,7 @@ class Bindings:
     def _bindable(
         self, op_id: str, candidate_ref: str, book: _Book, now: datetime
     ) -> tuple[dict[str, Any], tuple[str, str]]:
-        """The candidate's document and (transport, address), once every SPEC 6.8 check passed."""
+        """The candidate's document and (transport, address), once every CONTRACT §6.8 check passed."""
         handle = self._discovery.handle(op_id)
         check_bindable(handle.status, handle.termination_confirmed)
         document = handle.candidate_document(candidate_ref)

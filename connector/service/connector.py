@@ -1,4 +1,4 @@
-"""The connector service: admission in SPEC 2 order, then discovery sessions or command actions.
+"""The connector service: admission in CONTRACT §2 order, then discovery sessions or command actions.
 
 HTTP and the Bus are thin faces over this class. Every method authenticates first and re-checks the
 principal's current grant; an operation that is not the principal's answers `unknown-operation`.
@@ -136,7 +136,7 @@ class ConnectorService:
     async def sweep_metadata(
         self, retention_seconds: int, interval_s: float = METADATA_SWEEP_SECONDS
     ) -> None:
-        """Metadata retention of the connector's own records (SPEC 6.8: 7 days, then `unknown`)."""
+        """Metadata retention of the connector's own records (CONTRACT §6.8: 7 days, then `unknown`)."""
         while True:
             now = self._clock()
             cutoff = now - timedelta(seconds=retention_seconds)
@@ -168,7 +168,7 @@ class ConnectorService:
     async def invoke(
         self, principal: authority.Principal, directive: Any, *, op_key: str | None = None
     ) -> Accepted | Done:
-        """Admission (SPEC 2 steps 2-9) for an authenticated principal, then start or run the work.
+        """Admission (CONTRACT §2 steps 2-9) for an authenticated principal, then start or run the work.
 
         `op_key` (a Bus `op`) overrides the directive's idempotency key.
         """
@@ -194,7 +194,7 @@ class ConnectorService:
             admitted = self._admitted.get(op_id)  # a first admission may have begun meanwhile
             if admitted is None and record is not None:
                 # The runtime no longer holds it (erased, or a restart): the recorded first answer, and
-                # nothing starts (SPEC 4: the fingerprint is gone, directives are not compared).
+                # nothing starts (CONTRACT §4: the fingerprint is gone, directives are not compared).
                 return _accepted(record.reply)
         if admitted is not None:
             check_idempotent_replay(admitted.fingerprint, plan.fingerprint)
@@ -348,7 +348,8 @@ class ConnectorService:
         return Done(document)
 
     async def _current_status(self, ref: OperationRef) -> dict[str, Any]:
-        """From the runtime while it holds the operation, else from a scan's durable record (SPEC 7 only)."""
+        """From the runtime while it holds the operation, else from a scan's durable record (CONTRACT §7
+        only)."""
         document = await self.runtimes[ref.kind].status(ref.operation_id)
         if document is not None:
             return document
@@ -385,7 +386,7 @@ class ConnectorService:
         if self.discovery.find(op_id) is None:
             recorded = await self.bindings.recorded(principal, op_id, candidate_ref, key)
             if recorded is not None:
-                return recorded  # SPEC 6.8: a keyed retry answers the same binding, after a restart too
+                return recorded  # CONTRACT §6.8: a keyed retry answers the same binding, after a restart too
             refuse_erased(Status((await self._current_status(ref))["status"]))
         return await self.bindings.bind(principal, op_id, candidate_ref, key)
 

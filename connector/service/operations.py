@@ -1,9 +1,9 @@
 """A small read-only query interface over the connector's OWN operations, for the operator console.
 
-The console lists every operation the process knows (SPEC 11): the host registry's, and those admitted on
+The console lists every operation the process knows (CONTRACT §11): the host registry's, and those admitted on
 the connector routes (`POST /v1/directives`) that the host never recorded. This module answers the second
-part with durable metadata only (SPEC 7): the discovery runtime's durable projection and the command rows'
-status without `result`. It is a Protocol plus one implementation over the runtime (live sessions), the
+part with durable metadata only (CONTRACT §7): the discovery runtime's durable projection and the command
+rows' status without `result`. It is a Protocol plus one implementation over the runtime (live sessions), the
 durable scan records of `storage/state.py` (scans that left memory or ran before a restart) and the
 command store.
 """

@@ -1,4 +1,5 @@
-"""`<data-dir>/principals.json`: principals with token hashes and grants (SPEC 8), and the live directory.
+"""`<data-dir>/principals.json`: principals with token hashes and grants (CONTRACT §8), and the live
+directory.
 
 The file holds SHA-256 hex digests only, never a token. Every write is atomic (temp file, fsync, rename,
 mode 0600) under an advisory lock, so the CLI and a running server can both change it safely.

@@ -1,7 +1,7 @@
 """The reference host's registry of deferred operations: `<data-dir>/storage/deferred-operations.sqlite`.
 
 Rules of this file:
-- it stores DURABLE METADATA only (SPEC 7): the row's `metadata` is the durable projection the host hands
+- it stores DURABLE METADATA only (CONTRACT §7): the row's `metadata` is the durable projection the host hands
   in, never a caller-private status, snapshot, candidate, result or input; history events hold a SHA-256
   over that metadata and nothing else;
 - one statement per status change: the row UPDATE fires a trigger that appends the history event in the
@@ -466,10 +466,11 @@ class DeferredRegistry(SqliteStore):
             metadata = {**record.metadata, "status": Status.FAILED.value}
             metadata["error_code"] = INTERRUPTED_BY_RESTART
             if "cleanup" in metadata:
-                # SPEC 6.7: a restart ends every claim (the old process's sessions went with it).
+                # CONTRACT §6.7: a restart ends every claim (the old process's sessions went with it).
                 metadata["cleanup"] = {"state": "confirmed", "claim": "released"}
             metadata.pop("retry_after_seconds", None)
-            if "scope" in metadata:  # SPEC 6.7: a restart ends every claim; the old sessions died with it
+            # CONTRACT §6.7: a restart ends every claim; the old sessions died with it
+            if "scope" in metadata:
                 metadata["cleanup"] = {"state": "confirmed", "claim": "released"}
             marked.append(
                 await self.record_status(

@@ -1,11 +1,11 @@
 """Durable connector state: bindings and operations (`<data-dir>/modules/sensorium-os/state.sqlite`).
 
 Rules of this file:
-- only bindings (SPEC 6.6: id, owner, transport, address, bound_at - no candidate ref, no label), command
+- only bindings (CONTRACT §6.6: id, owner, transport, address, bound_at - no candidate ref, no label), command
   operations and discovery operation records are stored; discovery candidates never reach this database;
   a binding's keyed retries find it by a keyed digest of the caller's principal, operation and key only
   (`connector.core.ids.bind_replay_digest`; no ref, no digest of one), erased with the binding;
-- a discovery record is the durable metadata of SPEC 7 (`connector.core.projections.durable_metadata`),
+- a discovery record is the durable metadata of CONTRACT §7 (`connector.core.projections.durable_metadata`),
   the caller's `causal/context`, the final revision number and the first answer (the deferred handle);
   never a candidate, a fingerprint of the directive, or anything derived from candidate content;
 - a forgotten binding is erased: a real DELETE under `secure_delete`, then a truncating WAL checkpoint so
@@ -100,7 +100,7 @@ Mode = Literal["sync", "async"]
 
 @dataclass(frozen=True, slots=True)
 class Binding:
-    """A durable binding (SPEC 6.8): the only stored thing that holds a transport address."""
+    """A durable binding (CONTRACT §6.8): the only stored thing that holds a transport address."""
 
     binding_id: str
     owner: str
@@ -136,7 +136,7 @@ class CommandOperation:
 
 @dataclass(frozen=True, slots=True)
 class DiscoveryRecord:
-    """The durable record of one discovery operation (SPEC 7 metadata; no candidate data)."""
+    """The durable record of one discovery operation (CONTRACT §7 metadata; no candidate data)."""
 
     operation_id: str
     owner: str
@@ -383,7 +383,7 @@ class ConnectorState(SqliteStore):
 
     async def interrupt_discoveries(self, now_ms: int, stamp: str) -> tuple[int, int]:
         """After a restart: unfinished scans end `failed` `interrupted-by-restart` with cleanup confirmed and
-        the claim released (SPEC 6.6, 6.7: the old process's sessions died with it); a retained completed
+        the claim released (CONTRACT §6.6, 6.7: the old process's sessions died with it); a retained completed
         result is erased (`erased_at` = `stamp`). Returns (scans interrupted, results erased)."""
         interrupted = erased = 0
         sql = f"SELECT {_DISCOVERY_COLUMNS} FROM discovery_operations WHERE status IN ('pending', 'running') "

@@ -1,7 +1,7 @@
 """Lifecycle events as plain data, and their one-line text and JSON forms (pure: no I/O).
 
 Rules of this file:
-- an event carries durable metadata only (SPEC 7): ids, action, transport, adapter, status, reason or
+- an event carries durable metadata only (CONTRACT §7): ids, action, transport, adapter, status, reason or
   error code, cleanup and claim states, durations. Never a candidate, label, address, payload or a
   filter value; the types below have no field that could hold one;
 - `code` and every other word are checked against a small vocabulary before they leave, so even a bug

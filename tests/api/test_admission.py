@@ -1,4 +1,4 @@
-"""SPEC 2: admission steps in order, each refusal with its exact code and status, and always before any
+"""CONTRACT §2: admission steps in order, each refusal with its exact code and status, and always before any
 provider call or process spawn; an earlier failing step wins over a later one."""
 
 from __future__ import annotations

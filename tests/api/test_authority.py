@@ -1,4 +1,4 @@
-"""SPEC 8 and 9: who may use which route. Every SPEC 9 route against no token, a bad token, another
+"""CONTRACT §8 and 9: who may use which route. Every CONTRACT §9 route against no token, a bad token, another
 principal, an operator and a revoked grant; other principals' operations look exactly like unknown ones;
 a revocation ends running sessions `grant-revoked` with confirmed cleanup and invalidates candidates."""
 
@@ -45,7 +45,7 @@ class Fixture:
 
 
 def _routes(f: Fixture) -> dict[str, Call]:
-    """Every SPEC 9 connector route, aimed at alice's things."""
+    """Every CONTRACT §9 connector route, aimed at alice's things."""
     op = f"/v1/operations/{f.op_id}"
     bind_body = {"candidate/ref": f.ref, "idempotency_key": "matrix"}
     return {

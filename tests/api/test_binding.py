@@ -1,4 +1,5 @@
-"""SPEC 6.8 and 14: binding needs confirmed termination, consumes a candidate exactly once, and a forgotten
+"""CONTRACT §6.8 and 14: binding needs confirmed termination, consumes a candidate exactly once, and a
+forgotten
 binding is erased; the bindings table holds no candidate ref or label."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""GET /v1/bindings (SPEC 9): a caller lists its own bindings with addresses; an operator every binding with
+"""GET /v1/bindings (CONTRACT §9): a caller lists its own bindings with addresses; an operator every binding
+with
 its owner and without address; a forgotten binding leaves the list."""
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""SPEC 14 at the HTTP edge: every refusal is a `sensorium-error.v1` with the right status and code, and no
+"""CONTRACT §14 at the HTTP edge: every refusal is a `sensorium-error.v1` with the right status and code, and
+no
 response (nor log record) echoes what the request carried."""
 
 from __future__ import annotations
@@ -204,7 +205,7 @@ def _scan_with(raw_number: str, *, where: str) -> bytes:
 
 @pytest.mark.asyncio
 async def test_values_strict_json_does_not_carry_are_refused_before_admission(tmp_path: Path) -> None:
-    """SPEC 1 last paragraph (issue D5): 400 or 422, never a 202 whose statuses cannot be encoded."""
+    """CONTRACT §1 last paragraph (issue D5): 400 or 422, never a 202 whose statuses cannot be encoded."""
     factory = RecordingFactory()
     async with harness(tmp_path, factory=factory) as h:
         cases = [

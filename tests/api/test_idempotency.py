@@ -1,4 +1,5 @@
-"""SPEC 4 and SPEC 2 step 8: idempotent repeats answer exactly as the first time and join the same work."""
+"""CONTRACT §4 and CONTRACT §2 step 8: idempotent repeats answer exactly as the first time and join the same
+work."""
 
 from __future__ import annotations
 
@@ -77,7 +78,8 @@ async def test_the_key_belongs_to_the_principal(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_no_digest_or_key_is_stored_for_discovery(tmp_path: Path) -> None:
-    """The scan's durable record (SPEC 7 metadata) is stored; its fingerprint and key never are (SPEC 4)."""
+    """The scan's durable record (CONTRACT §7 metadata) is stored; its fingerprint and key never are (CONTRACT
+    §4)."""
     factory = RecordingFactory(straps(1), concurrent=True)
     async with harness(tmp_path, factory=factory) as h:
         directive = scan_directive(1, key="persist-nothing")

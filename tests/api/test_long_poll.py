@@ -1,4 +1,4 @@
-"""SPEC 9 long poll: `?wait_seconds=W&after_revision=R` answers once the revision passes R or the status
+"""CONTRACT §9 long poll: `?wait_seconds=W&after_revision=R` answers once the revision passes R or the status
 turns terminal, else after W with the current status; W above 30 is clamped; waiting costs no CPU."""
 
 from __future__ import annotations

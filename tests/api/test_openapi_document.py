@@ -1,4 +1,4 @@
-"""The served `/openapi.json` (SPEC 9): 3.1, every route declared, bodies from the canonical schemas.
+"""The served `/openapi.json` (CONTRACT §9): 3.1, every route declared, bodies from the canonical schemas.
 
 The components are generated from `schemas/`; here every schema vector is judged through both, and the two
 must fail at the same places with the same keywords: the document is not a second, drifting copy.
@@ -65,7 +65,7 @@ async def test_a_valid_openapi_31_document_a_generator_reads(tmp_path: Path) -> 
     assert document["components"]["securitySchemes"]["bearerAuth"] == {
         "type": "http",
         "scheme": "bearer",
-        "description": "a principal's token (SPEC 8)",
+        "description": "a principal's token (CONTRACT §8)",
     }
 
 

@@ -348,7 +348,7 @@ async def test_refused_requests_start_nothing(tmp_path: Path, broker: NatsServer
                 (bus.subjects.start, b'{"op": "x y", "directive": {}}', "invalid-input"),
                 (bus.subjects.get, b'{"op": "ok", "more": 1}', "invalid-input"),
                 (bus.subjects.cancel, b"[]", "invalid-input"),
-                # SPEC 1: strict JSON (issue D5), refused before anything is admitted.
+                # CONTRACT §1: strict JSON (issue D5), refused before anything is admitted.
                 (bus.subjects.start, b'{"op": "s-1", "directive": {"x": NaN}}', "invalid-json"),
                 (bus.subjects.start, b'{"op": "s-2", "op": "s-3", "directive": {}}', "invalid-json"),
                 (bus.subjects.start, b'{"op": "s-4", "directive": {"a": "\\ud800"}}', "invalid-json"),

@@ -1,4 +1,4 @@
-"""SPEC 7 and 10 on the Bus: no candidate data in any message, replies and announcements included.
+"""CONTRACT §7 and 10 on the Bus: no candidate data in any message, replies and announcements included.
 
 Canary strings live in the replayed device data of every transport (BLE names, manufacturer data and
 address, USB product, maker and serial, mDNS instance, TXT and server) and in one scope filter value (a BLE

@@ -111,7 +111,7 @@ def test_a_higher_recorded_version_refuses_the_catalog(operator: Operator, tmp_p
 
 
 def test_the_floor_is_global_across_catalog_ids(operator: Operator, tmp_path: Path) -> None:
-    """SPEC 12: "the highest recorded": a fresh `catalog/id` cannot reset the floor (issue D8)."""
+    """CONTRACT §12: "the highest recorded": a fresh `catalog/id` cannot reset the floor (issue D8)."""
     data_dir, path = tmp_path / "data", tmp_path / "actions.json"
     record_accepted_version(data_dir, "another.catalog", 5)
     write_signed(path, example_catalog(), operator.private_key)  # version 1, another id

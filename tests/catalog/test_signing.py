@@ -335,11 +335,12 @@ def test_diagnostic_paths_are_json_pointers() -> None:
 
 @pytest.mark.parametrize("support", ["either", "sync-only", None])
 def test_a_discovery_action_that_is_not_async_only_is_invalid(support: str | None) -> None:
-    """SPEC 6.1 (issue D4): a sync scan would otherwise get a deferred handle; refused at verification."""
+    """CONTRACT §6.1 (issue D4): a sync scan would otherwise get a deferred handle; refused at
+    verification."""
     catalog = example_catalog()
     scan = next(a for a in catalog["actions"] if a["action_id"] == "device.discovery.scan")
     if support is None:
-        del scan["execution_mode_support"]  # absent means sync-only (SPEC 2)
+        del scan["execution_mode_support"]  # absent means sync-only (CONTRACT §2)
     else:
         scan["execution_mode_support"] = support
     refused = refusal(catalog, sign_catalog(catalog, PRIVATE))

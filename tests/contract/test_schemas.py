@@ -22,7 +22,8 @@ from connector.contract.violations import Violation
 
 MINE = [name for name in schema_names() if "catalog" not in name]
 OPEN_OBJECTS = {
-    # Open by SPEC 1 (causal/context, diagnostics[] items, input, extensions) and a continuation's own values.
+    # Open by CONTRACT §1 (causal/context, diagnostics[] items, input, extensions) and a continuation's own
+    # values.
     "common.defs.json#/$defs/causalContext",
     "common.defs.json#/$defs/diagnostics/items",
     "common.defs.json#/$defs/extensions",

@@ -1,4 +1,4 @@
-"""SPEC 1 (last paragraph) and 14: the strict parser every edge uses (issue D5)."""
+"""CONTRACT §1 (last paragraph) and 14: the strict parser every edge uses (issue D5)."""
 
 from __future__ import annotations
 

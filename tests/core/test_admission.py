@@ -1,4 +1,4 @@
-"""Pure admission: the steps one by one, then `plan_admission` as a table (SPEC 2 order, ids, clamps)."""
+"""Pure admission: the steps one by one, then `plan_admission` as a table (CONTRACT §2 order, ids, clamps)."""
 
 from __future__ import annotations
 
@@ -225,7 +225,8 @@ def test_idempotency_conflict_message_is_generic() -> None:
     assert directive_fingerprint(changed).hex() not in document
 
 
-# ---- plan_admission: SPEC 2 steps 2-8 as one pure plan -----------------------------------------------------
+# ---- plan_admission: CONTRACT §2 steps 2-8 as one pure plan
+# -----------------------------------------------------
 
 NOW = datetime(2026, 3, 1, 12, 0, 0, 500, tzinfo=UTC)  # 0.5 ms past the second: roundings show
 SCAN = "device.discovery.scan"
@@ -361,7 +362,7 @@ REFUSALS = [
     ([NO_V2], "status-v2-required"),
     ([(("timing", "status_versions"), DELETE)], "status-v2-required"),
     ([OUT_OF_RANGE], "invalid-directive"),
-    # The order of SPEC 2: with several faults, the earliest step refuses.
+    # The order of CONTRACT §2: with several faults, the earliest step refuses.
     ([UNKNOWN_ACTION, BAD_SCHEMA], "invalid-directive"),
     ([SYNC_MODE, UNKNOWN_ACTION], "unknown-action"),
     ([UNGRANTED_TRANSPORT, SYNC_MODE], "execution-mode-not-supported"),

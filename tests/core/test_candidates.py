@@ -1,4 +1,4 @@
-"""Candidate content (SPEC 6.5): label rules, bounds, order, and never an address."""
+"""Candidate content (CONTRACT §6.5): label rules, bounds, order, and never an address."""
 
 from __future__ import annotations
 

@@ -29,7 +29,7 @@ from connector.errors import LifecycleError, SensoriumError
 
 S, E = Status, Event
 
-# Written from SPEC 5, independently of TRANSITIONS: (from, event) -> (to, host only?).
+# Written from CONTRACT §5, independently of TRANSITIONS: (from, event) -> (to, host only?).
 LEGAL: dict[tuple[Status, Event], tuple[Status, bool]] = {
     (S.PENDING, E.START): (S.RUNNING, False),
     (S.PENDING, E.CANCEL): (S.CANCELLED, False),

@@ -1,4 +1,4 @@
-"""Scope matching (SPEC 6.1, 6.3): AND across keys, any within a list, exclusions on their own."""
+"""Scope matching (CONTRACT §6.1, 6.3): AND across keys, any within a list, exclusions on their own."""
 
 from __future__ import annotations
 
@@ -206,7 +206,8 @@ def test_backend_hint_is_positive_filters_only() -> None:
     assert backend_filter_hint(scope) == {"service_uuids": [HR_UUID], "min_rssi_dbm": -80}
 
 
-# -- property: the compiled matcher equals a plain reading of SPEC 6.1 ------------------------------------
+# -- property: the compiled matcher equals a plain reading of CONTRACT §6.1
+# ------------------------------------
 
 UUIDS = [HR_UUID, BATTERY_UUID, "0000181a-0000-1000-8000-00805f9b34fb"]
 NAMES = [None, "", "Polar H10", "Pol", "polar", "Lamp"]
@@ -252,7 +253,7 @@ def _reference_mdns(f: ScopeFilter, o: MdnsObservation, exclusion: bool) -> list
 
 
 def reference(scope: DiscoveryScope, observation: Observation) -> bool:
-    """SPEC 6.1 read literally: transport, every filter key, no exclusion key."""
+    """CONTRACT §6.1 read literally: transport, every filter key, no exclusion key."""
     if observation.transport != scope.transport:
         return False
     checks: Callable[[ScopeFilter, Any, bool], list[bool]] = {

@@ -1,4 +1,4 @@
-"""Host policy: defaults, configuration refusals, and the narrowing properties of SPEC 3."""
+"""Host policy: defaults, configuration refusals, and the narrowing properties of CONTRACT §3."""
 
 from __future__ import annotations
 
@@ -174,7 +174,7 @@ def test_expires_at_examples() -> None:
 
 
 def test_present_zero_is_not_absent() -> None:
-    # SPEC 3 writes `ttl or max_ttl`; a zero hint must still narrow, never fall back to max_ttl.
+    # CONTRACT §3 writes `ttl or max_ttl`; a zero hint must still narrow, never fall back to max_ttl.
     got = DeferredHostPolicy().effective_expires_at(
         NOW, connector_fail_after=0, preferred_max_ttl=None, caller_deadline=None
     )
@@ -246,7 +246,7 @@ def test_window_end_examples() -> None:
     assert discovery_window_end(NOW, 30, None, 2000) == (NOW + timedelta(seconds=30), False)
     far = NOW + timedelta(seconds=60)
     assert discovery_window_end(NOW, 30, far, 2000) == (NOW + timedelta(seconds=30), False)
-    exact = NOW + timedelta(seconds=33)  # the window's end + cleanup 2 s + proof 1 s (SPEC 3, 6.7)
+    exact = NOW + timedelta(seconds=33)  # the window's end + cleanup 2 s + proof 1 s (CONTRACT §3, 6.7)
     assert discovery_window_end(NOW, 30, exact, 2000) == (NOW + timedelta(seconds=30), False)
     near = NOW + timedelta(seconds=13)
     assert discovery_window_end(NOW, 30, near, 2000) == (NOW + timedelta(seconds=10), True)

@@ -1,4 +1,4 @@
-"""The caller-private v2 status and the durable metadata of a discovery (SPEC 1, 6.4, 6.7, 6.8, 7)."""
+"""The caller-private v2 status and the durable metadata of a discovery (CONTRACT §1, 6.4, 6.7, 6.8, 7)."""
 
 from __future__ import annotations
 

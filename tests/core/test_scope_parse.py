@@ -1,4 +1,4 @@
-"""Parsing a discovery input (SPEC 6.1): clamping, every refusal path, the CLI forms."""
+"""Parsing a discovery input (CONTRACT §6.1): clamping, every refusal path, the CLI forms."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The candidate table (SPEC 6.2, 6.4, 6.5): dedupe, refs, limits, expiry, revisions."""
+"""The candidate table (CONTRACT §6.2, 6.4, 6.5): dedupe, refs, limits, expiry, revisions."""
 
 from __future__ import annotations
 

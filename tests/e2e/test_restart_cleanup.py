@@ -2,7 +2,7 @@
 
 Whether the old process stopped gracefully (SIGTERM: its sessions stopped with confirmed cleanup) or was
 killed (kill -9), the next start marks the open operation interrupted with cleanup confirmed and the claim
-released: every claim of the old process ended with it (SPEC 6.7), which is what the adapters page shows.
+released: every claim of the old process ended with it (CONTRACT §6.7), which is what the adapters page shows.
 """
 
 from __future__ import annotations

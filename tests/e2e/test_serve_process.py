@@ -181,8 +181,8 @@ async def test_command_results_survive_a_restart_and_dead_work_is_interrupted(tm
                 "/v1/directives", json=command_directive(INFO, "sync", key="info-1"), headers=auth
             )
             assert (replay.status_code, replay.content) == (200, info.content)
-            # A scan's durable record survives (SPEC 6.6): interrupted, cleanup confirmed, claim released;
-            # no list is rebuilt and no scan restarts.
+            # A scan's durable record survives (CONTRACT §6.6): interrupted, cleanup confirmed, claim
+            # released; no list is rebuilt and no scan restarts.
             cut = (await client.get(scan.headers["location"], headers=auth)).json()
             assert_valid("deferred-operation-status.v2", cut)
             assert (cut["status"], cut["error"]["code"]) == ("failed", "interrupted-by-restart")

@@ -1,7 +1,7 @@
-"""`serve --simulate` (SPEC 13.1) end to end: a real serve process driven through `connector.testing`.
+"""`serve --simulate` (CONTRACT §13.1) end to end: a real serve process driven through `connector.testing`.
 
-Every SPEC 6 rule is checked on simulated sessions as on real ones: devices appear, update and leave while
-a scan runs; a powered-off adapter refuses to start; power loss and a backend restart end sessions
+Every CONTRACT §6 rule is checked on simulated sessions as on real ones: devices appear, update and leave
+while a scan runs; a powered-off adapter refuses to start; power loss and a backend restart end sessions
 `provider-restarted`; a refused or stalled stop leaves cleanup uncertain and the claim held (409
 `transport-claimed`) until a later `{"stop": "ack"}`.
 """

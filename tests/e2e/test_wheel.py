@@ -1,4 +1,4 @@
-"""The wheel works outside a checkout (SPEC 0): built from the tracked tree, installed into a fresh venv.
+"""The wheel works outside a checkout (CONTRACT §0): built from the tracked tree, installed into a fresh venv.
 
 The fresh venv sees the locked dependencies of the test venv through a `.pth` line (its site-packages as a
 plain path: no `.pth` there runs, so the editable install of this checkout stays invisible) and gets the

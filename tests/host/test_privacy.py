@@ -1,4 +1,5 @@
-"""SPEC 7 at the host: candidate data reaches its caller, never the registry, its history, views or metrics.
+"""CONTRACT §7 at the host: candidate data reaches its caller, never the registry, its history, views or
+metrics.
 
 Canaries are planted in replay fixtures this test writes (BLE names and manufacturer data, USB product and
 serial strings, mDNS instance names and TXT records) and in the scope's prefix and identity filters. The

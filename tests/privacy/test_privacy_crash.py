@@ -1,10 +1,10 @@
-"""SPEC 7 end to end: candidate data reaches the authorised caller and nothing else, across a kill -9.
+"""CONTRACT §7 end to end: candidate data reaches the authorised caller and nothing else, across a kill -9.
 
 One real `serve` process plays replay fixtures written here, with unique canary strings in BLE advert names
 and manufacturer data, mDNS instance names and TXT records, and USB product and serial strings (plus the
 scope's prefix filter values and an out-of-scope decoy). Full scans of every transport run through the host
-route; the caller must see the canaries a candidate may carry (SPEC 6.5: BLE local name, mDNS instance, USB
-product). Then scans are killed mid-window with SIGKILL, every SQLite file must pass `PRAGMA
+route; the caller must see the canaries a candidate may carry (CONTRACT §6.5: BLE local name, mDNS instance,
+USB product). Then scans are killed mid-window with SIGKILL, every SQLite file must pass `PRAGMA
 integrity_check`, a restart must report them `failed` / `interrupted-by-restart`, and no canary - nor its
 SHA-256 or SHA-1 hex, nor its base64 - may appear in any file under the data dir (the files right after the
 kill and after the final stop), in the server logs, or in the operator's console pages.
@@ -217,7 +217,7 @@ def candidates_of(status: Mapping[str, Any]) -> list[Mapping[str, Any]]:
 
 
 def expected_label(transport: str, c: Canaries) -> str:
-    """SPEC 6.5: the label a candidate of the canary device carries."""
+    """CONTRACT §6.5: the label a candidate of the canary device carries."""
     return {"ble": c.ble_name, "usb-serial": c.usb_product, "mdns": c.mdns_instance}[transport]
 
 

@@ -1,4 +1,4 @@
-"""Interface choice for mDNS sessions (SPEC 12 `--mdns-interfaces`): pure parts and the CLI flag."""
+"""Interface choice for mDNS sessions (CONTRACT §12 `--mdns-interfaces`): pure parts and the CLI flag."""
 
 from __future__ import annotations
 

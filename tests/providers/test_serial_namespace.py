@@ -131,7 +131,7 @@ def test_present_port_is_reported_again_at_every_pass(outcome: dict[str, Any]) -
     seen = times(outcome, "vid_pid", "/dev/ttyUSB0", "add")
     assert len(seen) >= (REMOVE_AT_S / POLL_S) - 3
     gaps = [later - earlier for earlier, later in itertools.pairwise(seen)]
-    assert max(gaps) < 1.0  # SPEC 6.5: passes at most 1 s apart
+    assert max(gaps) < 1.0  # CONTRACT §6.5: passes at most 1 s apart
 
 
 def test_port_plugged_in_during_the_window_is_added(outcome: dict[str, Any]) -> None:

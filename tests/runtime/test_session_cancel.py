@@ -1,4 +1,4 @@
-"""Cancellation outcomes (SPEC 6.7): confirmed, stop raises, stop hangs, late acknowledgement; claims."""
+"""Cancellation outcomes (CONTRACT §6.7): confirmed, stop raises, stop hangs, late acknowledgement; claims."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Discovery scope: the admitted transport, window, limits and filters of one scan (SPEC 6.1, 6.3).
+"""Discovery scope: the admitted transport, window, limits and filters of one scan (CONTRACT §6.1, 6.3).
 
 `model` holds the profile, the scope and the filter vocabulary; `parse` turns a caller's `input` into a
 scope (refusals name paths and rules, never values); `match` compiles a scope into the predicate every

@@ -1,4 +1,4 @@
-"""Matching observations against a scope (SPEC 6.1, 6.3), compiled once per scope.
+"""Matching observations against a scope (CONTRACT §6.1, 6.3), compiled once per scope.
 
 Providers call the matcher for every advert, hence the closures built once and cached per scope.
 Within `filters` the keys combine with AND and a list matches any of its elements; within `exclusions`

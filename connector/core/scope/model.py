@@ -25,7 +25,7 @@ class ScopeFilter:
 
 @dataclass(frozen=True, slots=True)
 class DiscoveryProfile:
-    """The catalog's `discovery` profile of an action (SPEC 6.1)."""
+    """The catalog's `discovery` profile of an action (CONTRACT §6.1)."""
 
     transports: tuple[Transport, ...]
     max_window_seconds: int

@@ -1,4 +1,5 @@
-"""Parsing a discovery `input` (SPEC 6.1): validate, clamp to the profile, refuse with every failing path.
+"""Parsing a discovery `input` (CONTRACT §6.1): validate, clamp to the profile, refuse with every failing
+path.
 
 Refusals are `AdmissionError(code="invalid-input")` whose diagnostics name JSON paths and rule names only;
 a caller's value never appears in them. An unknown key is named in its path when it has the shape of a key
@@ -307,7 +308,7 @@ def _check_filters_present(
 def parse_discovery_input(
     raw: Mapping[str, Any], profile: DiscoveryProfile, *, timeout_ms: int | None = None
 ) -> DiscoveryScope:
-    """Validate and clamp a discovery `input` (SPEC 6.1); refuse with every failing path at once."""
+    """Validate and clamp a discovery `input` (CONTRACT §6.1); refuse with every failing path at once."""
     problems = Problems()
     if not isinstance(raw, Mapping):
         problems.add("/input", "object")

@@ -1,4 +1,4 @@
-"""Projections of a scope: its durable, redacted form (SPEC 7) and the hint a backend may filter on."""
+"""Projections of a scope: its durable, redacted form (CONTRACT §7) and the hint a backend may filter on."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ from connector.core.scope.model import IDENTITY_SELECTORS, PREFIX_KEYS, Discover
 
 
 def redacted_scope(scope: DiscoveryScope) -> dict[str, Any]:
-    """The durable form of a scope (SPEC 7): no identity selectors, prefixes and exclusions by key only."""
+    """The durable form of a scope (CONTRACT §7): no identity selectors, prefixes and exclusions by key
+    only."""
     filters: dict[str, Any] = {}
     redacted_keys: list[str] = []
     for key in filter_keys(scope.filters):

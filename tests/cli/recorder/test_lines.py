@@ -1,4 +1,5 @@
-"""Recorder building blocks: pseudonyms, SPEC 13 lines that the replay parser accepts, the private file."""
+"""Recorder building blocks: pseudonyms, CONTRACT §13 lines that the replay parser accepts, the private
+file."""
 
 from __future__ import annotations
 

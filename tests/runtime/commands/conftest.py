@@ -60,7 +60,7 @@ async def wait_terminal(runner: CommandRunner, op_id: str, timeout: float = 20.0
 
 
 def check_status_shape(doc: dict[str, Any]) -> None:
-    """SPEC 1 rules for a v1 status, plus the contract validator when it exists."""
+    """CONTRACT §1 rules for a v1 status, plus the contract validator when it exists."""
     assert doc["schema"] == "deferred-operation-status.v1" and doc["schema/v"] == 1
     assert doc["operation/kind"] == "sensorium.directive.invoke"
     assert doc["diagnostics"] == []
