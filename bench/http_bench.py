@@ -6,7 +6,8 @@ Phases, each with `--workers` concurrent httpx.AsyncClient workers on kept-alive
 - `healthz`: `GET /healthz`, the no-op reference;
 - `admit`: `POST /v1/directives` admitting BLE replay scans (1 s windows). The replay provider declares
   concurrent sessions, so no claim refuses; principals rotate (`--principals`) so that the per-principal
-  limit of 16 live operations never refuses either. The scans' filter matches nothing in the fixture: the
+  limit of 16 live operations never refuses either, and `--host-policy` lifts the live-session cap of 64 per
+  transport to what those principals may hold. The scans' filter matches nothing in the fixture: the
   figure is the admission path, not ingest (that has `bench/ingest.py`). Any non-202 answer is counted as
   failed;
 - `status`: `GET /v1/operations/{id}` of one running scan whose snapshot holds 64 candidates (every answer
@@ -244,6 +245,8 @@ async def main(args: argparse.Namespace) -> int:
             "--replay",
             f"ble={fixture}",
             "--allow-test-key",  # the shipped example catalog and its test key
+            "--host-policy",
+            str(_bench_policy(base, args.principals)),
         ]
         if args.retained:
             argv += _short_retention_catalog(base, args.result_retention)
@@ -345,6 +348,14 @@ async def run_all(
         )
     wake = await measure_wake(url, location, auth, args.wake_samples)
     return [noop, admitted, polled], wake
+
+
+def _bench_policy(base: Path, principals: int) -> Path:
+    """A host policy whose live-session cap (64 per transport by default) admits every principal's 16: the
+    admit phase measures admission, not the 429 of a cap (replay sessions are no worker processes)."""
+    path = base / "host-policy.json"
+    path.write_text(json.dumps({"max_live_sessions": 16 * (principals + 1)}))
+    return path
 
 
 def _short_retention_catalog(base: Path, retention: int) -> list[str]:
