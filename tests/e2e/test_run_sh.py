@@ -57,7 +57,7 @@ def _serving(process: subprocess.Popen[bytes], log: Path) -> tuple[str, str]:
         if found:
             return text, found.group(1)
         assert process.poll() is None, text
-        time.sleep(0.2)
+        time.sleep(0.2)  # real peer: polls a real serve's log
     raise AssertionError(log.read_text(errors="replace"))
 
 

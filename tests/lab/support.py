@@ -110,7 +110,7 @@ class ClusterServer:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
                 return
             except OSError:
-                time.sleep(0.05)
+                time.sleep(0.05)  # real peer: polls a real nats-server
         raise RuntimeError("nats-server did not start")
 
     def kill(self) -> None:
@@ -312,7 +312,7 @@ def start_lab(urls: str, nodes_file: Path, data_dir: Path, seed: Path, log: Path
             return LabView(process, found.group(1), data_dir)
         if process.poll() is not None:
             raise RuntimeError(f"lab exited with {process.returncode}: see {log}")
-        time.sleep(0.05)
+        time.sleep(0.05)  # real peer: polls a real lab process
     process.kill()
     raise RuntimeError("lab did not start")
 
@@ -331,7 +331,7 @@ def start_sniffer(urls: str, seed: Path, out: Path, log: Path) -> subprocess.Pop
     process = spawn(argv, log)
     deadline = time.monotonic() + 20
     while not out.exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
+        time.sleep(0.05)  # real peer: polls a real sniffer process
     return process
 
 
@@ -385,7 +385,7 @@ def wait_page(view: LabView, check: Any, timeout: float, **query: str) -> tuple[
             return html, time.monotonic() - started
         if time.monotonic() - started > timeout:
             raise AssertionError(f"the page did not show it within {timeout} s")
-        time.sleep(0.1)
+        time.sleep(0.1)  # real peer: polls a real lab page
 
 
 def page_total(html: str) -> int:

@@ -207,7 +207,7 @@ async def test_a_wedged_bluetoothd_holds_the_claim_until_it_answers(bluez: Bluez
         bluez.unwedge()  # bluetoothd handles the disconnect; the background retry's round trip answers
         with anyio.fail_after(5):
             while manager.claims.holder(claim_key("ble", "hci0")) is not None:
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # real peer: the background retry runs against the emulator process
         after = manager.status(operation_id)
         assert after["status"] == "failed"  # a terminal status never changes
         assert after["cleanup"] == {"state": "confirmed", "claim": "released"}
@@ -235,7 +235,7 @@ async def test_a_start_cut_off_while_bluetoothd_hangs_holds_the_claim_until_prov
         bluez.unwedge()  # bluetoothd handles the disconnect; the background retry's proof holds
         with anyio.fail_after(5):
             while manager.claims.holder(claim_key("ble", "hci0")) is not None:
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # real peer: the background retry runs against the emulator process
         after = manager.status(operation_id)
         assert after["status"] == "failed"
         assert after["cleanup"] == {"state": "confirmed", "claim": "released"}
@@ -290,7 +290,7 @@ async def test_a_steady_device_stays_present_for_three_ttls(bluez: BluezControll
                 break
             assert snapshot_labels(status) == ["strap-1"]
             last_present = time.monotonic()
-            await anyio.sleep(0.25)
+            await anyio.sleep(0.25)  # real peer: the window runs on real time
         assert status["status"] == "completed"
         assert [c["label"] for c in status["result"]["candidates"]] == ["strap-1"]
         assert last_present - present_since >= 3 * ttl_s  # present at every poll over three TTLs
@@ -365,7 +365,7 @@ async def main():
     scope = DiscoveryScope("ble", 10, 64, 65536, ScopeFilter(name_prefix="x"), cleanup_timeout_ms=300)
     session = await BleProvider().start(scope, Sink())
     print(session.worker_pid, flush=True)
-    await asyncio.sleep(60)
+    await asyncio.sleep(60)  # real peer: this child only waits to be killed
 
 asyncio.run(main())
 """
@@ -391,10 +391,10 @@ def test_a_sigkilled_connector_leaves_no_worker_behind(bluez: BluezController) -
         connector.wait(timeout=10)
         deadline = time.monotonic() + 10
         while _alive(worker) and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.02)  # real peer: polls a real worker process
         assert not _alive(worker)
         while bluez.clients() and time.monotonic() < deadline:
-            time.sleep(0.02)
+            time.sleep(0.02)  # real peer: polls the emulator process
         assert bluez.clients() == []  # its connection closed with it: bluetoothd dropped the session
     finally:
         connector.kill()

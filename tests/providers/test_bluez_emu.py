@@ -82,7 +82,7 @@ async def until(check: Any, timeout: float = 3.0) -> None:
     """Poll the emulator until `check()` holds (its timers run in its own process)."""
     async with asyncio.timeout(timeout):
         while not check():
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # real peer: the emulator's timers run in its own process
 
 
 async def connect() -> Client:
@@ -129,7 +129,7 @@ async def test_sessions_are_per_sender_and_discovering_while_any_holds_one(
     for _ in range(100):
         if not bluez.discovering():
             break
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0.01)  # real peer: the emulated bluetoothd runs apart
     assert not bluez.discovering() and bluez.clients() == []
 
 
@@ -203,7 +203,7 @@ async def test_knobs_stall_one_sender_and_wedge_the_daemon(bluez: BluezControlle
     bluez.wedge()
     other = await connect()
     pending = asyncio.ensure_future(other.call("StartDiscovery"))
-    await asyncio.sleep(0.2)
+    await asyncio.sleep(0.2)  # real peer: a wedged bluetoothd (emulated) never answers
     assert not pending.done()
     bluez.unwedge()
     assert (await pending).message_type == MessageType.METHOD_RETURN
