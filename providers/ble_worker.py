@@ -275,15 +275,7 @@ class Worker:
                 body=[rule],
             )
         )
-        get = Message(
-            destination=BLUEZ,
-            path=self._adapter_path,
-            interface=PROPERTIES_IFACE,
-            member="Get",
-            signature="ss",
-            body=[ADAPTER_IFACE, "Powered"],
-        )
-        reply = await bus.call(get)
+        reply = await bus.call(self._powered_query())
         if reply.message_type == MessageType.ERROR:
             return ("provider-unavailable", reply.error_name or "no-reply")
         if not reply.body[0].value:
@@ -298,9 +290,20 @@ class Worker:
 
     async def _still_powered(self) -> bool:
         """One Get of the adapter's Powered (True when it cannot be told)."""
-        from dbus_fast import Message, MessageType
+        from dbus_fast import MessageType
 
-        get = Message(
+        try:
+            async with asyncio.timeout(CLEAR_BOUND_S):
+                reply = await self._manager._bus.call(self._powered_query())
+        except Exception:
+            return True
+        return reply.message_type == MessageType.ERROR or bool(reply.body[0].value)
+
+    def _powered_query(self) -> Any:
+        """The Properties.Get of this adapter's `Powered`."""
+        from dbus_fast import Message
+
+        return Message(
             destination=BLUEZ,
             path=self._adapter_path,
             interface=PROPERTIES_IFACE,
@@ -308,12 +311,6 @@ class Worker:
             signature="ss",
             body=[ADAPTER_IFACE, "Powered"],
         )
-        try:
-            async with asyncio.timeout(CLEAR_BOUND_S):
-                reply = await self._manager._bus.call(get)
-        except Exception:
-            return True
-        return reply.message_type == MessageType.ERROR or bool(reply.body[0].value)
 
     async def _watch_disconnect(self, bus: Any) -> None:
         with contextlib.suppress(Exception):
