@@ -1,0 +1,148 @@
+"""Time for the runtime and the providers: one injected `Timer` (now, sleeps, deadlines), wall or virtual.
+
+The runtime never reads the loop's clock or sleeps on it directly: it asks its timer. `WallTimer` is the
+production one (epoch milliseconds, anyio's sleeps and cancel scopes). `VirtualTimer` is the test one, in the
+spirit of trio's `MockClock` and zeroconf's `now` arguments: time stands still until a test advances it, and
+then every sleep and every deadline due on the way fires in order, so that a test of a 45 s window or a 30 s
+retention runs in milliseconds and asserts on recorded state.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Protocol
+
+import anyio
+
+
+class Timer(Protocol):
+    """Now in epoch milliseconds, a sleep until a moment, and a cancel scope that ends at a moment."""
+
+    def now_ms(self) -> int:
+        """Now, in milliseconds since the Unix epoch (on this timer's clock)."""
+
+    async def sleep_until(self, at_ms: int) -> None:
+        """Return once `at_ms` has come (at once when it already has)."""
+
+    def scope_until(self, at_ms: int | None, *, shield: bool = False) -> anyio.CancelScope:
+        """A cancel scope cancelled when `at_ms` comes (never when None)."""
+
+
+class WallTimer:
+    """The wall clock, with anyio's sleeps and deadlines (the loop's monotonic clock measures the waits)."""
+
+    def now_ms(self) -> int:
+        """Now, from the system clock."""
+        return time.time_ns() // 1_000_000
+
+    async def sleep_until(self, at_ms: int) -> None:
+        """anyio's sleep for the time left."""
+        await anyio.sleep(max(0, at_ms - self.now_ms()) / 1000)
+
+    def scope_until(self, at_ms: int | None, *, shield: bool = False) -> anyio.CancelScope:
+        """A cancel scope with the loop deadline that `at_ms` maps to."""
+        if at_ms is None:
+            return anyio.CancelScope(shield=shield)
+        left_s = max(0, at_ms - self.now_ms()) / 1000
+        return anyio.CancelScope(deadline=anyio.current_time() + left_s, shield=shield)
+
+
+WALL_TIMER = WallTimer()
+
+
+async def sleep_ms(timer: Timer, ms: int) -> None:
+    """Sleep `ms` milliseconds on `timer`."""
+    await timer.sleep_until(timer.now_ms() + ms)
+
+
+def scope_after(timer: Timer, ms: float, *, shield: bool = False) -> anyio.CancelScope:
+    """A cancel scope cancelled `ms` milliseconds from now (never when `ms` is infinite)."""
+    if ms == float("inf"):
+        return timer.scope_until(None, shield=shield)
+    return timer.scope_until(timer.now_ms() + int(ms), shield=shield)
+
+
+@contextmanager
+def fail_at(timer: Timer, at_ms: int | None, *, shield: bool = False) -> Iterator[anyio.CancelScope]:
+    """Like `anyio.fail_after`, on `timer`: TimeoutError when `at_ms` came before the body ended."""
+    with timer.scope_until(at_ms, shield=shield) as scope:
+        yield scope
+    if scope.cancelled_caught:
+        raise TimeoutError
+
+
+class VirtualTimer:
+    """A clock that moves only when a test advances it; sleeps and deadlines fire in time order on the way.
+
+    Time moves on only after every other task is blocked (`anyio.wait_all_tasks_blocked`), so each step sees
+    the effects of the one before. A task that waits on a worker thread counts as blocked, as in trio.
+    """
+
+    def __init__(self, start_ms: int = 1_800_000_000_000) -> None:
+        self._now_ms = start_ms
+        self._order = itertools.count()
+        self._due: list[tuple[int, int, Callable[[], None]]] = []
+
+    def now_ms(self) -> int:
+        """The virtual now."""
+        return self._now_ms
+
+    def __call__(self) -> int:
+        """The virtual now (so that the timer also serves where a `Callable[[], int]` clock is taken)."""
+        return self._now_ms
+
+    async def sleep_until(self, at_ms: int) -> None:
+        """Wait until the clock is advanced to `at_ms`."""
+        if at_ms <= self._now_ms:
+            await anyio.lowlevel.checkpoint()
+            return
+        woken = anyio.Event()
+        self._at(at_ms, woken.set)
+        await woken.wait()
+
+    def scope_until(self, at_ms: int | None, *, shield: bool = False) -> anyio.CancelScope:
+        """A cancel scope the clock cancels when it reaches `at_ms`."""
+        scope = anyio.CancelScope(shield=shield)
+        if at_ms is not None:
+            if at_ms <= self._now_ms:
+                scope.cancel()
+            else:
+                self._at(at_ms, scope.cancel)
+        return scope
+
+    def next_due_ms(self) -> int | None:
+        """When the earliest pending sleep or deadline falls due (None when nothing waits on the clock)."""
+        return self._due[0][0] if self._due else None
+
+    async def advance(self, ms: int) -> None:
+        """Move the clock `ms` forward, firing what falls due on the way, each once the loop is idle."""
+        target_ms = self._now_ms + ms
+        await anyio.wait_all_tasks_blocked()
+        while self._due and self._due[0][0] <= target_ms:
+            at_ms, _, fire = heapq.heappop(self._due)
+            self._now_ms = max(self._now_ms, at_ms)
+            fire()
+            await anyio.wait_all_tasks_blocked()
+        self._now_ms = target_ms
+        await anyio.wait_all_tasks_blocked()
+
+    async def advance_to(self, at_ms: int) -> None:
+        """Move the clock to `at_ms` (no-op when it is already past)."""
+        await self.advance(max(0, at_ms - self._now_ms))
+
+    async def run_until(self, done: Callable[[], bool], *, limit_ms: int = 3_600_000) -> None:
+        """Jump from due moment to due moment until `done()` holds; AssertionError past `limit_ms`."""
+        deadline_ms = self._now_ms + limit_ms
+        await anyio.wait_all_tasks_blocked()
+        while not done():
+            due_ms = self.next_due_ms()
+            if due_ms is None or due_ms > deadline_ms:
+                raise AssertionError(f"not done within {limit_ms} ms of virtual time (next due {due_ms})")
+            await self.advance_to(due_ms)
+
+    def _at(self, at_ms: int, fire: Callable[[], None]) -> None:
+        heapq.heappush(self._due, (at_ms, next(self._order), fire))

@@ -1,0 +1,85 @@
+"""The injected timer: the wall one maps to anyio; the virtual one fires sleeps and deadlines in order."""
+
+from __future__ import annotations
+
+import anyio
+import pytest
+
+from connector.timer import WALL_TIMER, VirtualTimer, fail_at, scope_after, sleep_ms
+
+pytestmark = pytest.mark.asyncio
+
+
+async def test_virtual_sleeps_wake_in_time_order_and_only_when_advanced() -> None:
+    timer = VirtualTimer(start_ms=1_000)
+    woke: list[tuple[str, int]] = []
+
+    async def sleeper(name: str, at_ms: int) -> None:
+        await timer.sleep_until(at_ms)
+        woke.append((name, timer.now_ms()))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(sleeper, "late", 5_000)
+        tg.start_soon(sleeper, "early", 2_000)
+        await timer.advance(500)
+        assert woke == []
+        await timer.advance(4_000)
+    assert woke == [("early", 2_000), ("late", 5_000)]
+    assert timer.now_ms() == 5_500
+
+
+async def test_a_virtual_deadline_cancels_its_scope_when_the_clock_reaches_it() -> None:
+    timer = VirtualTimer(start_ms=0)
+    outcome: list[str] = []
+
+    async def bounded() -> None:
+        try:
+            with fail_at(timer, 30_000):
+                await anyio.sleep_forever()
+        except TimeoutError:
+            outcome.append(f"timed out at {timer.now_ms()}")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(bounded)
+        await timer.advance(29_999)
+        assert outcome == []
+        await timer.advance(1)
+    assert outcome == ["timed out at 30000"]
+
+
+async def test_run_until_jumps_from_due_moment_to_due_moment() -> None:
+    timer = VirtualTimer(start_ms=0)
+    ticks: list[int] = []
+
+    async def ticker() -> None:
+        for _ in range(3):
+            await sleep_ms(timer, 10_000)
+            ticks.append(timer.now_ms())
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await timer.run_until(lambda: len(ticks) == 3)
+    assert ticks == [10_000, 20_000, 30_000]
+
+
+async def test_run_until_refuses_to_wait_past_its_limit() -> None:
+    timer = VirtualTimer(start_ms=0)
+    with pytest.raises(AssertionError, match="not done within 1000 ms"):
+        await timer.run_until(lambda: False, limit_ms=1_000)
+
+
+async def test_a_past_deadline_is_cancelled_at_once() -> None:
+    timer = VirtualTimer(start_ms=10)
+    with timer.scope_until(5) as scope:
+        await anyio.sleep_forever()
+    assert scope.cancelled_caught
+
+
+async def test_the_wall_timer_maps_a_moment_onto_the_loop_deadline() -> None:
+    now_ms = WALL_TIMER.now_ms()
+    scope = WALL_TIMER.scope_until(now_ms + 60_000)
+    assert 59 <= scope.deadline - anyio.current_time() <= 60
+    assert scope_after(WALL_TIMER, float("inf")).deadline == float("inf")
+    with WALL_TIMER.scope_until(now_ms - 1) as past:
+        await anyio.sleep_forever()
+    assert past.cancelled_caught
