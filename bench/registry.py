@@ -48,7 +48,7 @@ from connector.core.policy import DeferredHostPolicy
 from connector.host.metrics import HostMetrics
 from connector.host.port import ActionInfo
 from connector.host.service import HostService
-from connector.runtime.kinds import Kind, Observed
+from connector.runtime.operations import Kind, Observed
 from connector.service.answers import Accepted, Done
 from connector.storage import registry as registry_module
 from connector.storage.registry import DeferredRegistry, OperationRecord

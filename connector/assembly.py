@@ -23,7 +23,7 @@ from connector.catalog.loader import load_verified_catalog
 from connector.catalog.signing import VerifiedCatalog
 from connector.contract.transports import Transport
 from connector.core.candidates import format_ms
-from connector.core.clock import to_ms, wall_clock
+from connector.core.clock import from_ms, to_ms, wall_clock
 from connector.core.policy import DeferredHostPolicy
 from connector.core.scope import DiscoveryScope
 from connector.errors import ProviderError
@@ -39,6 +39,7 @@ from connector.storage.registry import DeferredRegistry
 from connector.storage.state import ConnectorState
 from connector.telemetry.metrics import Telemetry
 from connector.telemetry.runtime import command_event, session_event
+from connector.timer import WALL_TIMER, Timer, WallTimer
 from providers.base import ObservationSink, Provider, ProviderCapabilities, ProviderSession
 from providers.registry import build_provider
 from providers.simulated import Simulation
@@ -165,10 +166,16 @@ async def assemble(
     config: ConnectorConfig,
     *,
     routers: Callable[[Assembled], Sequence[APIRouter]] = lambda _: (),
-    clock: Callable[[], datetime] = wall_clock,
+    clock: Callable[[], datetime] | None = None,
     providers: Callable[[str, str | None], Provider] | None = None,
+    timer: Timer | None = None,
 ) -> AsyncIterator[Assembled]:
-    """Open every part in dependency order; close them in reverse, sessions first (confirmed stops)."""
+    """Open every part in dependency order; close them in reverse, sessions first (confirmed stops).
+
+    `timer` drives the runtime's waits (a `VirtualTimer` in tests); the datetime clock is derived from it
+    unless given. A clock alone shifts "now" while the waits stay real.
+    """
+    timer, clock = _time_sources(timer, clock)
     catalog = load_verified_catalog(
         config.catalog, trust_dir=config.trust_dir, data_dir=config.data_dir, now=clock()
     )
@@ -178,7 +185,7 @@ async def assemble(
     telemetry = Telemetry(metrics)
     async with AsyncExitStack() as stack:
         state = await stack.enter_async_context(await ConnectorState.open(config.data_dir))
-        commands, discovery = await _open_runtime(stack, config, state, telemetry, clock)
+        commands, discovery = await _open_runtime(stack, config, state, telemetry, timer, clock)
         service = ConnectorService(
             catalog=catalog,
             principals=PrincipalDirectory(config.data_dir),
@@ -237,11 +244,17 @@ async def _open_runtime(
     config: ConnectorConfig,
     state: ConnectorState,
     telemetry: Telemetry,
+    timer: Timer,
     clock: Callable[[], datetime],
 ) -> tuple[CommandRunner, DiscoveryManager]:
-    """The command runner and the discovery runtime, on the one clock, once what a restart ended is marked."""
+    """The command runner and the discovery runtime, on the one timer, once what a restart ended is marked."""
     commands = await stack.enter_async_context(
-        CommandRunner(state, clock=clock, listener=lambda event, op: telemetry.emit(command_event(event, op)))
+        CommandRunner(
+            state,
+            timer=timer,
+            clock=clock,
+            listener=lambda event, op: telemetry.emit(command_event(event, op)),
+        )
     )
     interrupted = await commands.recover(clock())
     if interrupted:
@@ -253,13 +266,24 @@ async def _open_runtime(
         _log.info("erased %d retained scan results (memory only: the restart dropped them)", erased)
     discovery = await stack.enter_async_context(
         DiscoveryManager(
-            clock=lambda: to_ms(clock()),  # the one clock, in the runtime's milliseconds
+            timer=timer,
             journal=state,
             metadata_retention_seconds=config.host_retention_seconds,
             listener=lambda event, session: telemetry.emit(session_event(event, session)),
         )
     )
     return commands, discovery
+
+
+def _time_sources(
+    timer: Timer | None, clock: Callable[[], datetime] | None
+) -> tuple[Timer, Callable[[], datetime]]:
+    """The runtime's timer and the datetime clock, one derived from the other when only one is given."""
+    if timer is not None:
+        return timer, clock or (lambda: from_ms(timer.now_ms()))
+    if clock is None or clock is wall_clock:
+        return WALL_TIMER, wall_clock
+    return WallTimer(lambda: to_ms(clock())), clock
 
 
 def _simulation_routers(assembled: Assembled) -> list[APIRouter]:

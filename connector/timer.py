@@ -33,11 +33,17 @@ class Timer(Protocol):
 
 
 class WallTimer:
-    """The wall clock, with anyio's sleeps and deadlines (the loop's monotonic clock measures the waits)."""
+    """The wall clock, with anyio's sleeps and deadlines (the loop's monotonic clock measures the waits).
+
+    `clock_ms` replaces the system clock as "now" (a shifted clock of an assembly); waits stay real.
+    """
+
+    def __init__(self, clock_ms: Callable[[], int] | None = None) -> None:
+        self._clock_ms = clock_ms
 
     def now_ms(self) -> int:
-        """Now, from the system clock."""
-        return time.time_ns() // 1_000_000
+        """Now, from the system clock (or the given one)."""
+        return time.time_ns() // 1_000_000 if self._clock_ms is None else self._clock_ms()
 
     async def sleep_until(self, at_ms: int) -> None:
         """anyio's sleep for the time left."""

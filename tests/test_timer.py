@@ -5,7 +5,7 @@ from __future__ import annotations
 import anyio
 import pytest
 
-from connector.timer import WALL_TIMER, VirtualTimer, fail_at, scope_after, sleep_ms
+from connector.timer import WALL_TIMER, VirtualTimer, WallTimer, fail_at, scope_after, sleep_ms
 
 pytestmark = pytest.mark.asyncio
 
@@ -81,5 +81,15 @@ async def test_the_wall_timer_maps_a_moment_onto_the_loop_deadline() -> None:
     assert 59 <= scope.deadline - anyio.current_time() <= 60
     assert scope_after(WALL_TIMER, float("inf")).deadline == float("inf")
     with WALL_TIMER.scope_until(now_ms - 1) as past:
+        await anyio.sleep_forever()
+    assert past.cancelled_caught
+
+
+async def test_a_wall_timer_on_a_shifted_clock_measures_its_waits_from_that_clock() -> None:
+    shifted = WallTimer(lambda: 1_000_000)
+    assert shifted.now_ms() == 1_000_000
+    scope = shifted.scope_until(1_060_000)
+    assert 59 <= scope.deadline - anyio.current_time() <= 60
+    with shifted.scope_until(999_999) as past:
         await anyio.sleep_forever()
     assert past.cancelled_caught

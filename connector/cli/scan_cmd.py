@@ -306,20 +306,21 @@ async def _bridge(plan: ScanPlan, bound_s: float) -> int:
 async def _scan(plan: ScanPlan) -> _Outcome:
     """One session through `DiscoveryManager`; Ctrl-C cancels it and waits for the confirmed stop."""
     from connector.core.clock import wall_clock_ms
-    from connector.runtime.manager import DiscoveryManager
+    from connector.runtime.manager import DiscoveryManager, ScanAdmission
 
     outcome = _Outcome()
     console = Console(stderr=True)
     async with DiscoveryManager() as manager, anyio.create_task_group() as watchers:
         now_ms = wall_clock_ms()
-        handle = await manager.start_scan(_started_at(plan.spec, now_ms), plan.provider)
-        await watchers.start(_cancel_on_sigint, manager, handle.operation_id, outcome)
+        spec = _started_at(plan.spec, now_ms)
+        await manager.admit(ScanAdmission(spec, plan.provider))
+        await watchers.start(_cancel_on_sigint, manager, spec.operation_id, outcome)
         console.print(
             f"scan: scanning {plan.scope.transport} for {plan.scope.window_seconds} s (Ctrl-C cancels)"
         )
         for note in plan.notes:
             console.print(note, markup=False, highlight=False, soft_wrap=True)
-        outcome.status = await _follow(manager, handle.operation_id, plan.scope, now_ms, console, outcome)
+        outcome.status = await _follow(manager, spec.operation_id, plan.scope, now_ms, console, outcome)
         watchers.cancel_scope.cancel()
     return outcome
 
@@ -337,7 +338,7 @@ async def _cancel_on_sigint(
         async for _ in signals:
             if not outcome.interrupted:
                 outcome.interrupted = True
-                manager.cancel(operation_id)
+                await manager.cancel(operation_id)
 
 
 async def _follow(
@@ -358,7 +359,8 @@ async def _follow(
     revision = 0
     with live if live is not None else nullcontext():
         while True:
-            status = await manager.wait_for_change(operation_id, revision, _REDRAW_S)
+            status = await manager.status(operation_id, after=revision, wait_s=_REDRAW_S)
+            assert status is not None  # the manager holds its sessions until it is left
             revision = max(revision, revision_of(status))
             if "progress" in status:
                 history.record(revision_of(status), candidates_of(status))

@@ -16,6 +16,8 @@ from connector.errors import SensoriumError
 
 # CONTRACT §1: the connector's retry hint when the action's deferred profile gives none.
 DEFAULT_RETRY_AFTER_SECONDS = 1
+# The longest long poll a caller may ask for: a larger `wait_seconds` waits this long.
+MAX_WAIT_SECONDS = 30
 
 
 class PolicyError(SensoriumError):
@@ -106,6 +108,11 @@ class DeferredHostPolicy:
 
 # CONTRACT §6.7: the qualified stop proof takes at most 1 s beyond cleanup_timeout_ms.
 PROOF_BOUND_MS = 1000
+
+
+def clamp_wait(wait_seconds: float | None) -> float:
+    """A caller's `wait_seconds` as it is waited: 0 (no wait, also when absent) up to `MAX_WAIT_SECONDS`."""
+    return 0.0 if wait_seconds is None else max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
 
 
 def retry_after(deferred_profile: DeferredProfileModel | None) -> int:

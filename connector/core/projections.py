@@ -174,6 +174,16 @@ def caller_status_v2(view: SessionView) -> dict[str, Any]:
     return status
 
 
+def disclosed_refs(view: SessionView) -> frozenset[str]:
+    """Refs of the candidates `caller_status_v2(view)` carries (its progress snapshot and its result)."""
+    if view.latest is None:
+        return frozenset()
+    in_result = view.status == "completed" and view.erased_at_ms is None
+    if not (in_result or _delivers_candidates(view)):
+        return frozenset()
+    return frozenset(candidate["candidate/ref"] for candidate in view.latest.candidates)
+
+
 def durable_metadata(view: SessionView) -> dict[str, Any]:
     """The durable projection (CONTRACT §7): what may be stored, digested, logged or sent on the Bus."""
     metadata: dict[str, Any] = {

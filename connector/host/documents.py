@@ -24,7 +24,7 @@ from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import Status, is_terminal
 from connector.core.operator_rows import error_code_of, follow_status, operator_columns
 from connector.core.projections import ERROR_MESSAGES
-from connector.runtime.kinds import Kind
+from connector.runtime.operations import Kind
 from connector.storage.registry import HistoryEvent, OperationRecord
 
 OWNER_MODULE_ID: Final = "sensorium-os"

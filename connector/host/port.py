@@ -12,7 +12,7 @@ from typing import Any, Protocol
 
 from connector.core import authority
 from connector.core.policy import retry_after
-from connector.runtime.kinds import Kind, Observed
+from connector.runtime.operations import Kind, Observed
 from connector.service.answers import Accepted, Done
 from connector.service.connector import ConnectorService
 
@@ -61,7 +61,6 @@ class InProcessConnector:
 
     def __init__(self, service: ConnectorService) -> None:
         self.service = service
-        self.runtimes = service.runtimes
 
     def authenticate(self, token: str | None) -> authority.Principal:
         """The principal behind a bearer token, after picking up a changed principals file."""
@@ -89,26 +88,21 @@ class InProcessConnector:
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
         """Durable metadata: the CONTRACT §7 projection for discovery, the status without result for
         commands."""
-        return await self.runtimes[kind].observe(operation_id)
+        return await self.service.observe(operation_id, kind)
 
     async def caller_status(
         self, operation_id: str, kind: Kind, *, wait_seconds: float | None, after_revision: int | None
     ) -> dict[str, Any] | None:
         """What the owning caller reads (every candidate in it counts as disclosed)."""
-        wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), 30.0))
-        document = await self.runtimes[kind].wait(operation_id, after_revision, wait or 0.0)
-        return None if document is None else self._delivered(operation_id, document)
+        return await self.service.poll(
+            operation_id, kind, wait_seconds=wait_seconds, after_revision=after_revision
+        )
 
     async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
         """Discovery: the cancel is recorded and the stop begins; commands: waits for the confirmed end."""
-        document = await self.runtimes[kind].cancel(operation_id)
-        return None if document is None else self._delivered(operation_id, document)
+        cancelled = await self.service.request_cancel(operation_id, kind)
+        return None if cancelled is None else cancelled[1]
 
     async def stop(self, operation_id: str, kind: Kind, error_code: str) -> None:
         """Discovery: terminate the session (cleanup per CONTRACT §6.7); commands: cancel cancelable work."""
-        await self.runtimes[kind].stop(operation_id, error_code)
-
-    def _delivered(self, operation_id: str, document: dict[str, Any]) -> dict[str, Any]:
-        """The caller-private status leaves for the host's caller: its candidates count as disclosed."""
-        self.service.discovery.mark_disclosed(operation_id, document)
-        return document
+        await self.service.stop(operation_id, kind, error_code)

@@ -53,7 +53,7 @@ from connector.host.documents import DEADLINE_EXCEEDED, RESPONSE_TOO_LARGE, kind
 from connector.host.metrics import HostMetrics
 from connector.host.port import ActionInfo, ConnectorPort, InProcessConnector
 from connector.host.receipts import record_receipt
-from connector.runtime.kinds import Kind, Observed
+from connector.runtime.operations import Kind, Observed
 from connector.service.answers import Accepted, Done
 from connector.service.connector import ConnectorService
 from connector.service.operations import ConnectorOperations, LiveConnectorOperations

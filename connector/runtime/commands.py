@@ -36,20 +36,22 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, ClassVar
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process, TaskGroup
 
 import connector
 from connector.core import projections
-from connector.core.admission import check_execution_mode
-from connector.core.clock import format_time, wall_clock
+from connector.core.admission import AdmittedCommand, check_execution_mode
+from connector.core.clock import format_time, from_ms
 from connector.core.commands import CommandAction, check_command_input
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import INTERRUPTED_BY_RESTART, Status, check_transition, is_terminal
 from connector.errors import SensoriumError
+from connector.runtime.operations import Kind, Observed
 from connector.storage.state import CommandOperation, ConnectorState, Mode
+from connector.timer import WALL_TIMER, Timer, scope_after
 
 PYTHON_ALIAS = "python3"
 COMMAND_FAILED = "command-failed"
@@ -224,12 +226,12 @@ class _Job:
     """In-memory control of one live operation (never persisted)."""
 
     def __init__(
-        self, action: CommandAction, stdin: bytes | None, *, budget_ends: float | None = None
+        self, action: CommandAction, stdin: bytes | None, *, budget_ends_ms: int | None = None
     ) -> None:
         self.action = action
         self.stdin = stdin
-        # A sync call's budget runs from its submission (anyio clock): the queue wait counts against it.
-        self.budget_ends = budget_ends
+        # A sync call's budget runs from its submission (timer ms): the queue wait counts against it.
+        self.budget_ends_ms = budget_ends_ms
         self.cancel_requested = False
         self.scope: anyio.CancelScope | None = None
         self.process: Process | None = None
@@ -245,9 +247,15 @@ class _Job:
 class CommandRunner:
     """Runs command actions with bounded concurrency; `async with CommandRunner(state) as runner`.
 
-    Call `recover` once before the first `submit`. Leave the runner before closing its state store:
-    leaving terminates running programs and records their work as `interrupted-by-restart`.
+    `Operations` for the command kind: it owns each command's row in the state, insert and update. Every
+    deadline and wait is on the injected `Timer` (the programs are real processes); the stored times come
+    from `clock`, by default the timer's own now. Call `recover` once before the first `submit`. Leave the
+    runner before closing its state store: leaving terminates running programs and records their work as
+    `interrupted-by-restart`.
     """
+
+    kind: ClassVar[Kind] = "command"
+    bindable: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -256,15 +264,17 @@ class CommandRunner:
         max_workers: int = 2,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,
         kill_after_seconds: float = 2.0,
-        clock: Callable[[], datetime] = wall_clock,
+        timer: Timer = WALL_TIMER,
+        clock: Callable[[], datetime] | None = None,
         listener: Callable[[str, CommandOperation], None] | None = None,
     ) -> None:
         self._state = state
         self._listener = listener
         self._slots = FairSlots(max_workers)
         self._max_output_bytes = max_output_bytes
-        self._kill_after = kill_after_seconds
-        self._clock = clock
+        self._kill_after_ms = int(kill_after_seconds * 1000)
+        self._timer = timer
+        self._clock = clock or (lambda: from_ms(timer.now_ms()))
         self._jobs: dict[str, _Job] = {}
         self._task_group: TaskGroup | None = None
         self._closing = False
@@ -330,8 +340,8 @@ class CommandRunner:
             causal_context_json=None if causal_context is None else json.dumps(dict(causal_context)),
         )
         budget = action.timeout_ms if timeout_ms is None else min(action.timeout_ms, timeout_ms)
-        budget_ends = anyio.current_time() + budget / 1000 if mode == "sync" else None
-        job = _Job(replace(action, timeout_ms=budget), stdin, budget_ends=budget_ends)
+        budget_ends_ms = self._timer.now_ms() + budget if mode == "sync" else None
+        job = _Job(replace(action, timeout_ms=budget), stdin, budget_ends_ms=budget_ends_ms)
         if mode == "async" and self._task_group is None:
             raise SensoriumError("the command runner is not started", code="internal")
         await self._state.insert_operation(operation)
@@ -358,39 +368,73 @@ class CommandRunner:
         """The stored row (owner, action, fingerprint) for authority and idempotency checks."""
         return await self._state.get_operation(operation_id)
 
-    async def status(self, operation_id: str) -> dict[str, Any]:
-        """The current `deferred-operation-status.v1`; `unknown-operation` for an unknown id."""
-        operation = await self._require(operation_id)
+    async def admit(self, admission: AdmittedCommand) -> dict[str, Any]:
+        """Store the command's row, then run it (sync: its result) or queue it (async: its handle)."""
+        return await self.submit(
+            admission.operation_id,
+            admission.owner,
+            admission.command,
+            admission.input,
+            admission.mode,
+            admission.created_at,
+            timeout_ms=admission.timeout_ms,
+            expires_at=admission.expires_at,
+            idempotency_fp=admission.fingerprint.hex(),
+            causal_context=admission.causal_context,
+        )
+
+    async def status(
+        self, operation_id: str, *, after: int | None = None, wait_s: float = 0.0
+    ) -> dict[str, Any] | None:
+        """The `deferred-operation-status.v1`; with `wait_s`, once terminal or after that (a command has no
+        revisions, `after` is not used); None for an operation not stored."""
         job = self._jobs.get(operation_id)
+        if job is not None and wait_s > 0:
+            with scope_after(self._timer, wait_s * 1000):
+                await job.done.wait()
+        operation = await self._state.get_operation(operation_id)
+        return None if operation is None else self._document(operation)
+
+    def _document(self, operation: CommandOperation) -> dict[str, Any]:
+        job = self._jobs.get(operation.operation_id)
         retry = job.action.retry_after_seconds if job is not None else 1
         return status_document(operation, retry_after_seconds=retry)
 
-    async def wait_status(self, operation_id: str, timeout_s: float) -> dict[str, Any]:
-        """Long poll: the status once terminal, or after `timeout_s` with the current status."""
-        job = self._jobs.get(operation_id)
-        if job is not None and timeout_s > 0:
-            with anyio.move_on_after(timeout_s):
-                await job.done.wait()
-        return await self.status(operation_id)
+    async def observe(self, operation_id: str) -> Observed | None:
+        """The status without its result, and the full status."""
+        document = await self.status(operation_id)
+        if document is None:
+            return None
+        hint = document.get("retry_after_seconds")
+        return Observed(
+            str(document["status"]),
+            projections.command_metadata(document),
+            hint if isinstance(hint, int) else None,
+            document,
+        )
 
-    async def active_operations(self, owner: str) -> int:
-        """How many non-terminal operations `owner` has (for the per-principal limit)."""
-        rows = await self._state.list_operations([Status.PENDING.value, Status.RUNNING.value])
-        return sum(1 for row in rows if row.owner == owner)
-
-    async def cancel(self, operation_id: str) -> dict[str, Any]:
-        """Cancel and wait for the confirmed end; a terminal operation answers its unchanged status."""
-        operation = await self._require(operation_id)
+    async def cancel(self, operation_id: str) -> tuple[bool, dict[str, Any]] | None:
+        """Cancel and wait for the confirmed end: whether work was interrupted, and the status after it
+        (a terminal operation answers its unchanged status); `not-cancelable` for `cancel: none`."""
+        operation = await self._state.get_operation(operation_id)
+        if operation is None:
+            return None
         if is_terminal(Status(operation.status)):
-            return await self.status(operation_id)
+            return False, self._document(operation)
         if not operation.cancelable:
             raise SensoriumError(NOT_CANCELABLE_REASON, code="not-cancelable")
         job = self._jobs.get(operation_id)
         if job is not None:
             job.request_cancel()
-            with anyio.move_on_after(self._kill_after * 2 + 5):
+            with scope_after(self._timer, self._kill_after_ms * 2 + 5000):
                 await job.done.wait()
-        return await self.status(operation_id)
+        return job is not None, self._document(await self._require(operation_id))
+
+    async def stop(self, operation_id: str, error_code: str) -> None:
+        """Cancel cancelable work that has not ended (the runner records its own ending)."""
+        operation = await self._state.get_operation(operation_id)
+        if operation is not None and operation.cancelable and not is_terminal(Status(operation.status)):
+            await self.cancel(operation_id)
 
     async def purge(self, now: datetime, retention: timedelta = timedelta(days=7)) -> int:
         """Forget terminal rows older than the retention (they then answer `unknown-operation`)."""
@@ -426,16 +470,16 @@ class CommandRunner:
     ) -> tuple[_Outcome, CommandOperation]:
         """Wait for a worker (pending), then run the process (running)."""
         acquired = False
-        expiry = self._deadline_of(operation.expires_at)
-        deadline = expiry if job.budget_ends is None else min(expiry, job.budget_ends)
-        with anyio.CancelScope(deadline=deadline) as queued:
+        expiry_ms = self._deadline_ms(operation.expires_at)
+        deadline_ms = expiry_ms if job.budget_ends_ms is None else min(expiry_ms, job.budget_ends_ms)
+        with self._timer.scope_until(deadline_ms) as queued:
             job.scope = queued
             if job.cancel_requested:
                 queued.cancel()
             await self._slots.acquire(operation.owner)
             acquired = True
         if not acquired:
-            return _queued_end(job, expired=anyio.current_time() >= expiry), operation
+            return _queued_end(job, expired=self._timer.now_ms() >= expiry_ms), operation
         try:
             operation = await self._persist(operation, _Outcome(Status.RUNNING), self._clock())
             return await self._run_process(operation, job), operation
@@ -456,10 +500,10 @@ class CommandRunner:
         except OSError:
             return _Outcome(Status.FAILED, error_code=COMMAND_FAILED)
         job.process = process
-        budget_ends = job.budget_ends or anyio.current_time() + job.action.timeout_ms / 1000
-        deadline = min(budget_ends, self._deadline_of(operation.expires_at))
+        budget_ends_ms = job.budget_ends_ms or self._timer.now_ms() + job.action.timeout_ms
+        deadline_ms = min(budget_ends_ms, self._deadline_ms(operation.expires_at))
         stdout, overflow = b"", False
-        with anyio.CancelScope(deadline=deadline) as running:
+        with self._timer.scope_until(deadline_ms) as running:
             job.scope = running
             if job.cancel_requested:
                 running.cancel()
@@ -475,7 +519,7 @@ class CommandRunner:
         self, process: Process, job: _Job, operation: CommandOperation, *, overflow: bool
     ) -> _Outcome:
         """Terminate the process, then name the end by its cause (only once the exit was seen)."""
-        confirmed = await _terminate(process, self._kill_after)
+        confirmed = await _terminate(process, self._timer, self._kill_after_ms)
         if job.cancel_requested:
             return (
                 _Outcome(Status.CANCELLED)
@@ -492,7 +536,7 @@ class CommandRunner:
 
     async def _abandon(self, operation_id: str, job: _Job, *, error_code: str | None = None) -> None:
         """The runner, the sync caller or the job itself broke off: stop the process, record the end."""
-        confirmed = job.process is None or await _terminate(job.process, self._kill_after)
+        confirmed = job.process is None or await _terminate(job.process, self._timer, self._kill_after_ms)
         operation = await self._state.get_operation(operation_id)
         if operation is None or is_terminal(Status(operation.status)):
             return
@@ -540,9 +584,9 @@ class CommandRunner:
             raise SensoriumError("unknown operation", code="unknown-operation")
         return operation
 
-    def _deadline_of(self, moment: datetime) -> float:
-        """An anyio deadline (monotonic seconds) for a wall-clock moment."""
-        return anyio.current_time() + max(0.0, (moment - self._clock()).total_seconds())
+    def _deadline_ms(self, moment: datetime) -> int:
+        """The timer's moment for a moment of the stored clock."""
+        return self._timer.now_ms() + max(0, (moment - self._clock()) // timedelta(milliseconds=1))
 
 
 def _queued_end(job: _Job, *, expired: bool) -> _Outcome:
@@ -616,14 +660,14 @@ async def _drain(stream: ByteReceiveStream) -> None:
         pass
 
 
-async def _terminate(process: Process, grace_seconds: float) -> bool:
+async def _terminate(process: Process, timer: Timer, grace_ms: int) -> bool:
     """SIGTERM the process group, SIGKILL after the grace period; True once the exit was seen."""
     with anyio.CancelScope(shield=True):
         for sig in (signal.SIGTERM, signal.SIGKILL):
             if process.returncode is not None:
                 break
             _signal_group(process, sig)
-            with anyio.move_on_after(grace_seconds):
+            with scope_after(timer, grace_ms):
                 await process.wait()
         if process.returncode is not None:
             await process.aclose()

@@ -1,59 +1,78 @@
-"""The discovery runtime: runs admitted scans as sessions, answers their statuses, cleans up behind them.
+"""The discovery runtime: admits scans as sessions, answers their statuses, cleans up behind them.
 
-`DiscoveryManager` owns one anyio task group (`async with`). Each session gets a runner task; a session
-whose stop was not acknowledged keeps retrying in that task, holding the claim until a late
-acknowledgement, whatever happened to its caller. One retention sweeper (not a task per operation) erases
-completed results after `result_retention_seconds`; with a journal (the connector's durable state) the
-session then leaves memory and its status is answered from the durable record, so the sessions held are
-the live and the recently ended ones only. Every lifecycle change of a session is recorded in the journal
-before anyone is told of it; live sessions are counted per owner as they start and end, never scanned.
+`DiscoveryManager` owns one anyio task group (`async with`) and implements `Operations` for discovery. It
+owns each scan's durable row: `admit` inserts it (before the runner starts, so the 202 leaves only after
+the record) and every lifecycle change updates it, both through one `DiscoveryJournal`. Each session gets
+a runner task; a session whose stop was not acknowledged keeps retrying in that task, holding the claim
+until a late acknowledgement, whatever happened to its caller. One retention sweeper (not a task per
+operation) erases completed results after `result_retention_seconds`; with a journal the session then
+leaves memory and its status is answered from the durable record, so the sessions held are the live and the
+recently ended ones only. Every wait, retry and sweep is on the injected `Timer`.
 """
 
 from __future__ import annotations
 
 import heapq
 import logging
-import math
 import secrets
-from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AsyncExitStack
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import anyio
 from anyio.abc import TaskGroup
 
 from connector.core.admission import SessionSpec
-from connector.core.clock import wall_clock_ms
 from connector.core.endings import StopResult
 from connector.core.ids import opaque_id
 from connector.core.lifecycle import INTERRUPTED_BY_RESTART, Status
-from connector.core.projections import caller_status_v2, durable_metadata
+from connector.core.projections import caller_status_v2, disclosed_refs, durable_metadata
 from connector.core.scope import DiscoveryScope
 from connector.core.snapshot import CandidateTable
 from connector.errors import SensoriumError
 from connector.runtime.claims import ClaimRegistry, claim_key
-from connector.runtime.session import DiscoverySession, SessionHandle, SessionListener
+from connector.runtime.operations import Kind, Observed
+from connector.runtime.session import DiscoverySession, SessionListener
+from connector.storage.state import DiscoveryRecord
+from connector.timer import WALL_TIMER, Timer, scope_after
 from providers.base import Provider
 
 DEFAULT_METADATA_RETENTION_SECONDS = 7 * 24 * 3600
 _log = logging.getLogger("sensorium.discovery")
 
 
-class SessionJournal(Protocol):
-    """Where lifecycle changes of sessions go (`connector.storage.state.ConnectorState`): durable metadata."""
+class DiscoveryJournal(Protocol):
+    """The durable rows of scans (`connector.storage.state.ConnectorState`): inserted, then updated."""
+
+    async def insert_discovery(self, record: DiscoveryRecord) -> None: ...
 
     async def update_discovery(
         self, operation_id: str, metadata: dict[str, Any], *, final_revision: int, ended_at_ms: int | None
     ) -> None: ...
 
 
-class UnknownOperation(SensoriumError):
-    """An operation this connector never saw or no longer retains."""
+@dataclass(frozen=True, slots=True)
+class ScanAdmission:
+    """An admitted scan: its spec, the provider that runs it, and the first answer its record keeps."""
 
-    default_code = "unknown-operation"
+    spec: SessionSpec
+    provider: Provider
+    reply: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionClaim:
+    """One retained session's claim at one moment: what the operator's adapters page and the gauges show."""
+
+    operation_id: str
+    transport: str
+    adapter: str  # the transport's default adapter when the scope named none
+    claim_held: bool
+    cleanup_uncertain: bool
+    terminal_at_ms: int | None
+    next_retry_ms: int | None  # when an uncertain cleanup is retried next
 
 
 def _random_id() -> str:
@@ -61,33 +80,37 @@ def _random_id() -> str:
 
 
 class DiscoveryManager:
-    """Runs discovery sessions and keeps their in-memory state (never persisted)."""
+    """Runs discovery sessions and keeps their in-memory state; `Operations` for the discovery kind."""
+
+    kind: ClassVar[Kind] = "discovery"
+    bindable: ClassVar[bool] = True
 
     def __init__(
         self,
         *,
-        clock: Callable[[], int] = wall_clock_ms,
+        timer: Timer = WALL_TIMER,
         claims: ClaimRegistry | None = None,
         new_id: Callable[[], str] = _random_id,
         cleanup_retry_initial_s: float = 0.5,
         cleanup_retry_max_s: float = 30.0,
         metadata_retention_seconds: int = DEFAULT_METADATA_RETENTION_SECONDS,
         listener: SessionListener | None = None,
-        journal: SessionJournal | None = None,
+        journal: DiscoveryJournal | None = None,
     ) -> None:
-        self._clock = clock
+        self._timer = timer
         self._listener = listener
-        # When each uncertain cleanup is retried next (wall-clock ms), for the operator's adapters page.
+        # When each uncertain cleanup is retried next (timer ms), for the operator's adapters page.
         self._next_retry_ms: dict[str, int] = {}
         self.claims = claims or ClaimRegistry()
         self._new_id = new_id
-        self._retry_initial_s = cleanup_retry_initial_s
-        self._retry_max_s = cleanup_retry_max_s
+        self._retry_initial_ms = int(cleanup_retry_initial_s * 1000)
+        self._retry_max_ms = int(cleanup_retry_max_s * 1000)
         self._metadata_retention_s = metadata_retention_seconds
         self._journal = journal
         self._sessions: dict[str, DiscoverySession] = {}
-        self._live: Counter[str] = Counter()  # owner -> sessions whose runner has not ended
-        self._launched: set[str] = set()
+        # The candidates the latest status read of each operation showed, disclosed once it is delivered.
+        self._shown: dict[str, frozenset[str]] = {}
+        self._live = 0  # sessions whose runner has not ended
         self._due: list[tuple[int, int, str]] = []  # (when, tie-break, operation id) for the sweeper
         self._due_seq = 0
         self._sweeper_wake = anyio.Event()
@@ -130,7 +153,7 @@ class DiscoveryManager:
         # Each stop is bounded by its cleanup timeout; the extra second covers a start still in flight.
         bound_ms = max((s.spec.profile.cleanup_timeout_ms for s in live), default=0) + 1000
         # Shielded: a shutdown that is itself being cancelled still stops its provider sessions.
-        with anyio.move_on_after(bound_ms / 1000.0, shield=True):
+        with scope_after(self._timer, bound_ms, shield=True):
             for session in live:
                 await session.finished.wait()
         if self._task_group is not None:
@@ -138,56 +161,68 @@ class DiscoveryManager:
 
     # ---- starting ------------------------------------------------------------------------------------------
 
-    async def start_scan(self, spec: SessionSpec, provider: Provider) -> SessionHandle:
-        """Take the claim (or refuse before any provider call) and start the session's runner."""
-        handle = await self.prepare_scan(spec, provider)
-        self.launch(spec.operation_id)
-        return handle
+    async def admit(self, admission: ScanAdmission) -> DiscoverySession:
+        """Take the claim (or refuse before any provider call), record the scan, then start its runner.
 
-    async def prepare_scan(self, spec: SessionSpec, provider: Provider) -> SessionHandle:
-        """Take the claim (or refuse) and register the session, pending; `launch` starts its runner."""
-        operation_id = spec.operation_id
-        existing = self._sessions.get(operation_id)
+        A scan this runtime already holds answers its session (nothing starts twice). With a journal, the
+        durable row is written before the runner starts; when it cannot be, the claim goes and nothing runs.
+        """
+        spec, provider = admission.spec, admission.provider
+        existing = self._sessions.get(spec.operation_id)
         if existing is not None:
-            return SessionHandle(existing)
+            return existing
         self._require_open()
-        adapter = await resolved_adapter(provider, spec.scope)
-        existing = self._sessions.get(operation_id)
-        if existing is not None:  # the same operation was started while the adapter was being resolved
-            return SessionHandle(existing)
+        adapter = await resolved_adapter(provider, spec.scope)  # once per session: the spec carries it
+        existing = self._sessions.get(spec.operation_id)
+        if existing is not None:  # the same operation was admitted while the adapter was being resolved
+            return existing
+        session = self._new_session(replace(spec, adapter=adapter), provider)
+        try:
+            await self._insert(session, admission.reply)
+            self._require_open().start_soon(self._run, session)
+        except BaseException:
+            del self._sessions[spec.operation_id]
+            self.claims.release(session.claim)
+            raise
+        self._live += 1
+        return session
+
+    def _new_session(self, spec: SessionSpec, provider: Provider) -> DiscoverySession:
+        """Claim the (transport, adapter) and hold a pending session on it."""
         self._require_open()
         claim = self.claims.acquire(
-            claim_key(spec.scope.transport, adapter),
-            operation_id=operation_id,
+            claim_key(spec.scope.transport, spec.adapter),
+            operation_id=spec.operation_id,
             concurrent=provider.capabilities.concurrent_sessions,
             now_ms=spec.created_at_ms,
             expected_release_ms=spec.window_end_ms + spec.profile.cleanup_timeout_ms,
         )
-        spec = replace(spec, adapter=adapter)
         table = CandidateTable(spec.scope, spec.profile, generation=self._new_id(), new_ref=self._new_id)
+        # R1 merge: `timer=self._timer` once the session takes the Timer itself (today a ms clock).
+        clock = self._timer.now_ms
         session = DiscoverySession(
-            spec, provider=provider, table=table, claim=claim, clock=self._clock, listener=self._listener
+            spec, provider=provider, table=table, claim=claim, clock=clock, listener=self._listener
         )
-        self._sessions[operation_id] = session
-        self._live[spec.owner] += 1
-        return SessionHandle(session)
+        self._sessions[spec.operation_id] = session
+        return session
 
-    def launch(self, operation_id: str) -> None:
-        """Start the runner of a prepared session (once its record is durable)."""
-        if operation_id in self._launched:
+    async def _insert(self, session: DiscoverySession, reply: Mapping[str, Any]) -> None:
+        """The scan's durable row, pending (shielded: a cancelled admission still knows whether it landed)."""
+        if self._journal is None:
             return
-        task_group = self._require_open()
-        self._launched.add(operation_id)
-        task_group.start_soon(self._run, self._get(operation_id))
-
-    def abandon(self, operation_id: str) -> None:
-        """Undo a prepared session that was never launched (its admission failed): claim and count go."""
-        session = self._sessions.get(operation_id)
-        if session is None or operation_id in self._launched:
-            return
-        del self._sessions[operation_id]
-        self.claims.release(session.claim)
-        self._end_live(session)
+        spec = session.spec
+        record = DiscoveryRecord(
+            operation_id=spec.operation_id,
+            owner=spec.owner,
+            action_id=spec.action_id,
+            transport=spec.scope.transport,
+            status=Status.PENDING.value,
+            metadata=durable_metadata(session.view()),
+            reply=dict(reply),
+            causal_context=None if spec.causal_context is None else dict(spec.causal_context),
+        )
+        with anyio.CancelScope(shield=True):
+            await self._journal.insert_discovery(record)
 
     def add_ended_listener(self, listener: Callable[[str, str], None]) -> Callable[[], None]:
         """Call `listener(operation_id, owner)` when a session's runner ended (terminal); returns an undo."""
@@ -200,12 +235,9 @@ class DiscoveryManager:
         return lambda: self._forget_listeners.remove(listener)
 
     def _end_live(self, session: DiscoverySession) -> None:
-        owner = session.spec.owner
-        self._live[owner] -= 1
-        if self._live[owner] <= 0:
-            del self._live[owner]
+        self._live -= 1
         for listener in list(self._ended_listeners):
-            listener(session.spec.operation_id, owner)
+            listener(session.spec.operation_id, session.spec.owner)
 
     def _require_open(self) -> TaskGroup:
         if self._task_group is None or self._closing:
@@ -222,7 +254,7 @@ class DiscoveryManager:
         finally:
             self._end_live(session)
         if session.cleanup_uncertain:
-            self.claims.postpone(session.claim, self._clock() + int(self._retry_max_s * 1000))
+            self.claims.postpone(session.claim, self._timer.now_ms() + self._retry_max_ms)
         else:
             self.claims.release(session.claim)
         await self._record(session)
@@ -233,19 +265,19 @@ class DiscoveryManager:
 
     async def _retry_cleanup(self, session: DiscoverySession) -> None:
         """Retry the stop with bounded backoff until acknowledged; only then release the claim."""
-        delay = self._retry_initial_s
+        delay_ms = self._retry_initial_ms
         op_id = session.spec.operation_id
         try:
             while True:
-                self._next_retry_ms[op_id] = self._clock() + int(delay * 1000)
-                await anyio.sleep(delay)
+                self._next_retry_ms[op_id] = self._timer.now_ms() + delay_ms
+                await self._timer.sleep_until(self._next_retry_ms[op_id])
                 result = await session.stop_provider()
                 if result is not StopResult.UNCERTAIN:
                     self.claims.release(session.claim)
                     session.cleanup_confirmed_late(result)
                     await self._record(session)
                     return
-                delay = min(delay * 2, self._retry_max_s)
+                delay_ms = min(delay_ms * 2, self._retry_max_ms)
         finally:
             self._next_retry_ms.pop(op_id, None)
 
@@ -275,13 +307,12 @@ class DiscoveryManager:
     async def _sweep_forever(self) -> None:
         """The one retention task: erase results that are due, forget sessions that are due."""
         while True:
-            now = self._clock()
+            now = self._timer.now_ms()
             while self._due and self._due[0][0] <= now:
                 _, _, operation_id = heapq.heappop(self._due)
                 await self._retention_due(operation_id, now)
             self._sweeper_wake = anyio.Event()
-            wait_s = math.inf if not self._due else max(0.0, (self._due[0][0] - now) / 1000.0)
-            with anyio.move_on_after(wait_s):
+            with self._timer.scope_until(self._due[0][0] if self._due else None):
                 await self._sweeper_wake.wait()
 
     async def _retention_due(self, operation_id: str, now_ms: int) -> None:
@@ -300,90 +331,96 @@ class DiscoveryManager:
 
     def _forget(self, operation_id: str) -> None:
         self._sessions.pop(operation_id, None)
-        self._launched.discard(operation_id)
+        self._shown.pop(operation_id, None)
         for listener in list(self._forget_listeners):
             listener(operation_id)
 
     def _terminal_ms(self, session: DiscoverySession) -> int:
-        return session.terminal_at_ms if session.terminal_at_ms is not None else self._clock()
+        return session.terminal_at_ms if session.terminal_at_ms is not None else self._timer.now_ms()
 
     # ---- reading -------------------------------------------------------------------------------------------
 
-    def _get(self, operation_id: str) -> DiscoverySession:
-        session = self._sessions.get(operation_id)
-        if session is None:
-            raise UnknownOperation("unknown operation")
-        return session
-
-    def handle(self, operation_id: str) -> SessionHandle:
-        """A read-only handle on a known operation."""
-        return SessionHandle(self._get(operation_id))
-
-    def find(self, operation_id: str) -> SessionHandle | None:
-        """A read-only handle on an operation held in memory, else None."""
-        session = self._sessions.get(operation_id)
-        return None if session is None else SessionHandle(session)
+    def session(self, operation_id: str) -> DiscoverySession | None:
+        """The session of an operation held in memory, else None."""
+        return self._sessions.get(operation_id)
 
     def operation_ids(self) -> Iterator[str]:
         """Every operation this runtime still holds in memory."""
         return iter(list(self._sessions))
 
-    def sessions(self) -> list[SessionHandle]:
-        """Read-only handles on every retained session (operator views, metrics)."""
-        return [SessionHandle(session) for session in self._sessions.values()]
-
-    def next_cleanup_retry_ms(self, operation_id: str) -> int | None:
-        """When an uncertain cleanup is retried next, if one is being retried."""
-        return self._next_retry_ms.get(operation_id)
+    def sessions(self) -> list[SessionClaim]:
+        """The claim of every retained session, as it stands now (operator views, metrics)."""
+        return [
+            SessionClaim(
+                operation_id=op_id,
+                transport=session.spec.scope.transport,
+                adapter=session.claim.key.adapter,
+                claim_held=session.claim_state == "held",
+                cleanup_uncertain=session.cleanup_uncertain,
+                terminal_at_ms=session.terminal_at_ms,
+                next_retry_ms=self._next_retry_ms.get(op_id),
+            )
+            for op_id, session in self._sessions.items()
+        ]
 
     def active_count(self) -> int:
         """How many sessions have not ended yet (for metrics); kept as they start and end."""
-        return sum(self._live.values())
+        return self._live
 
-    def active_operations(self, owner: str) -> int:
-        """How many sessions of `owner` have not ended yet; kept as they start and end."""
-        return self._live.get(owner, 0)
+    async def status(
+        self, operation_id: str, *, after: int | None = None, wait_s: float = 0.0
+    ) -> dict[str, Any] | None:
+        """The caller-private v2 status; with `wait_s`, once past revision `after` (or terminal) or then.
 
-    def status(self, operation_id: str) -> dict[str, Any]:
-        """The caller-private v2 status (a read: `mark_disclosed` counts what reaches a caller)."""
-        return caller_status_v2(self._get(operation_id).view())
-
-    def mark_disclosed(self, operation_id: str, document: Mapping[str, Any]) -> None:
-        """A status was delivered to its caller: every candidate it carries counts as disclosed.
-
-        Nothing to count when the runtime does not hold the operation (a command, or a scan answered from
-        its durable record, which carries no candidates).
+        A read: the edge that delivers it says what was disclosed (`mark_disclosed`).
         """
         session = self._sessions.get(operation_id)
+        if session is None:
+            return None
+        if wait_s > 0:
+            threshold = session.delivered_revision if after is None else after
+            with scope_after(self._timer, wait_s * 1000):
+                # A revision the caller cannot see (cancel requested, result erased) never ends the wait.
+                while not session.is_terminal and session.delivered_revision <= threshold:
+                    await session.changed.wait()
+        return self._shown_status(session)
+
+    def mark_disclosed(self, operation_id: str) -> None:
+        """The last status read of the operation was delivered: the candidates it carried are disclosed."""
+        session = self._sessions.get(operation_id)
         if session is not None:
-            session.disclosed.update(_candidate_refs(document))
+            session.disclosed.update(self._shown.pop(operation_id, ()))
 
-    def metadata(self, operation_id: str) -> dict[str, Any]:
-        """The durable projection (CONTRACT §7): no candidates, refs, labels or identity selectors."""
-        return durable_metadata(self._get(operation_id).view())
+    def _shown_status(self, session: DiscoverySession) -> dict[str, Any]:
+        """The caller-private status, remembering which candidates it shows until it is delivered."""
+        view = session.view()
+        self._shown[session.spec.operation_id] = disclosed_refs(view)
+        return caller_status_v2(view)
 
-    async def wait_for_change(
-        self, operation_id: str, after_revision: int | None, timeout_s: float
-    ) -> dict[str, Any]:
-        """Long poll: the status once past `after_revision` or terminal, else when `timeout_s` ran out."""
-        session = self._get(operation_id)
-        threshold = session.delivered_revision if after_revision is None else after_revision
-        with anyio.move_on_after(max(0.0, timeout_s)):
-            # A revision the caller cannot see (cancel requested, result erased) never ends the wait.
-            while not session.is_terminal and session.delivered_revision <= threshold:
-                await session.changed.wait()
-        return self.status(operation_id)
+    async def observe(self, operation_id: str) -> Observed | None:
+        """The CONTRACT §7 projection: no candidates, refs, labels or identity selectors."""
+        session = self._sessions.get(operation_id)
+        if session is None:
+            return None
+        metadata = durable_metadata(session.view())
+        return Observed(str(metadata["status"]), metadata)
 
     # ---- ending --------------------------------------------------------------------------------------------
 
-    def cancel(self, operation_id: str) -> dict[str, Any]:
-        """Request confirmed termination; the status after the request (unchanged when terminal)."""
-        self._get(operation_id).request_cancel()
-        return self.status(operation_id)
+    async def cancel(self, operation_id: str) -> tuple[bool, dict[str, Any]] | None:
+        """Request confirmed termination (the stop begins, its end is not awaited); whether the request
+        changed anything, and the status after it (unchanged when terminal)."""
+        session = self._sessions.get(operation_id)
+        if session is None:
+            return None
+        changed = session.request_cancel()
+        return changed, self._shown_status(session)
 
-    def terminate(self, operation_id: str, *, error_code: str, erase: bool = True) -> None:
-        """End an operation `failed` with `error_code` (e.g. `grant-revoked`, `response-too-large`)."""
-        self._get(operation_id).terminate(error_code, erase=erase)
+    async def stop(self, operation_id: str, error_code: str) -> None:
+        """End an operation `failed` with `error_code` (e.g. `response-too-large`); cleanup per §6.7."""
+        session = self._sessions.get(operation_id)
+        if session is not None:
+            session.terminate(error_code, erase=True)
 
     def revoke_owner(self, owner: str, *, action_id: str | None = None) -> list[str]:
         """End the live sessions of `owner` (`grant-revoked`), erase its retained results (per action)."""
@@ -407,13 +444,3 @@ async def resolved_adapter(provider: Provider, scope: DiscoveryScope) -> str | N
         return scope.adapter
     adapter: str | None = await resolve(scope)
     return adapter
-
-
-def _candidate_refs(document: Mapping[str, Any]) -> Iterator[str]:
-    """Refs of the candidates a status document carries (progress snapshot and result)."""
-    progress = document.get("progress") or {}
-    result = document.get("result") or {}
-    for candidate in (progress.get("snapshot") or {}).get("candidates", ()):
-        yield candidate["candidate/ref"]
-    for candidate in result.get("candidates", ()):
-        yield candidate["candidate/ref"]

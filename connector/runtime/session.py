@@ -17,7 +17,6 @@ import logging
 import math
 from collections.abc import Callable
 from dataclasses import replace
-from typing import Any
 
 import anyio
 
@@ -61,7 +60,6 @@ __all__ = [
     "PROVIDER_RESTARTED",
     "DiscoverySession",
     "EndCause",
-    "SessionHandle",
 ]
 
 # A pending cut re-checked sooner than this would only spin: whole-second content cannot change faster.
@@ -484,89 +482,3 @@ class DiscoverySession:
         self.ending = ending
         self.cleanup_state = ending.cleanup
         self.diagnostics = ending.diagnostics
-
-
-class SessionHandle:
-    """A read-only handle on one session, for the layers that bind, select or report it."""
-
-    __slots__ = ("_session",)
-
-    def __init__(self, session: DiscoverySession) -> None:
-        self._session = session
-
-    @property
-    def operation_id(self) -> str:
-        """The operation id."""
-        return self._session.spec.operation_id
-
-    @property
-    def owner(self) -> str:
-        """The principal that started the scan."""
-        return self._session.spec.owner
-
-    @property
-    def action_id(self) -> str:
-        """The catalog action."""
-        return self._session.spec.action_id
-
-    @property
-    def scope(self) -> DiscoveryScope:
-        """The admitted scope."""
-        return self._session.spec.scope
-
-    @property
-    def generation(self) -> str:
-        """The candidate generation of this session."""
-        return self._session.table.generation
-
-    @property
-    def status(self) -> Status:
-        """The current status."""
-        return self._session.status
-
-    @property
-    def cleanup_state(self) -> str:
-        """`pending`, `confirmed` or `uncertain`."""
-        return self._session.cleanup_state
-
-    @property
-    def transport(self) -> str:
-        """The scanned transport."""
-        return self._session.spec.scope.transport
-
-    @property
-    def adapter(self) -> str:
-        """The adapter of the session's claim (the transport's default when the scope named none)."""
-        return self._session.claim.key.adapter
-
-    @property
-    def claim_held(self) -> bool:
-        """True while the session holds its (transport, adapter) claim."""
-        return self._session.claim_state == "held"
-
-    @property
-    def cleanup_uncertain(self) -> bool:
-        """True while a stop was not acknowledged and the claim is still held."""
-        return self._session.cleanup_uncertain
-
-    @property
-    def terminal_at_ms(self) -> int | None:
-        """When the terminal status was reported."""
-        return self._session.terminal_at_ms
-
-    @property
-    def termination_confirmed(self) -> bool:
-        """True once the session is terminal and its provider stop was acknowledged."""
-        return self._session.is_terminal and self._session.cleanup_state is CleanupState.CONFIRMED
-
-    def binding_target(self, ref: str) -> tuple[str, str] | None:
-        """(transport, address) of a current candidate of this session."""
-        return self._session.table.binding_target(ref)
-
-    def candidate_expires_at_ms(self, ref: str) -> int | None:
-        """When a current candidate of this session expires."""
-        return self._session.table.candidate_expires_at_ms(ref)
-
-    def candidate_document(self, ref: str) -> dict[str, Any] | None:
-        """The current candidate document of a ref (caller-private)."""
-        return self._session.table.candidate_document(ref)

@@ -21,9 +21,10 @@ import anyio
 
 from connector.core import authority
 from connector.core.clock import to_ms
+from connector.core.endings import CleanupState
 from connector.core.ids import bind_replay_digest, opaque_id
 from connector.core.lifecycle import Status, is_terminal
-from connector.errors import AdmissionError, SensoriumError
+from connector.errors import AdmissionError, SensoriumError, unknown_operation
 from connector.runtime.manager import DiscoveryManager
 from connector.service.answers import Created, Done, Gone
 from connector.storage.state import Binding, ConnectorState
@@ -73,8 +74,8 @@ class Bindings:
     def select(self, op_id: str, body: Any) -> Done:
         """Remember a candidate of a running snapshot."""
         candidate_ref = _body_string(body, "candidate/ref", allowed={"candidate/ref"})
-        handle = self._discovery.find(op_id)
-        if handle is None or handle.candidate_document(candidate_ref) is None:
+        session = self._discovery.session(op_id)
+        if session is None or session.table.candidate_document(candidate_ref) is None:
             raise SensoriumError("unknown candidate", code="unknown-candidate")
         self._selections.setdefault(op_id, set()).add(candidate_ref)
         return Done({"operation/id": op_id, "candidate/ref": candidate_ref, "selected": True})
@@ -111,13 +112,16 @@ class Bindings:
         self, op_id: str, candidate_ref: str, book: _Book, now: datetime
     ) -> tuple[dict[str, Any], tuple[str, str]]:
         """The candidate's document and (transport, address), once every CONTRACT §6.8 check passed."""
-        handle = self._discovery.handle(op_id)
-        check_bindable(handle.status, handle.termination_confirmed)
-        document = handle.candidate_document(candidate_ref)
-        target = handle.binding_target(candidate_ref)
+        session = self._discovery.session(op_id)
+        if session is None:
+            raise unknown_operation()
+        confirmed = session.is_terminal and session.cleanup_state is CleanupState.CONFIRMED
+        check_bindable(session.status, confirmed)
+        document = session.table.candidate_document(candidate_ref)
+        target = session.table.binding_target(candidate_ref)
         if document is None or target is None:
             raise SensoriumError("unknown candidate", code="unknown-candidate")
-        expires_ms = handle.candidate_expires_at_ms(candidate_ref)
+        expires_ms = session.table.candidate_expires_at_ms(candidate_ref)
         if expires_ms is not None and expires_ms <= to_ms(now):
             raise SensoriumError("the candidate expired", code="candidate-expired")
         if candidate_ref in book.consumed:

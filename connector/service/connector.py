@@ -20,12 +20,12 @@ from connector.core import authority
 from connector.core.admission import AdmittedCommand, AdmittedScan, check_idempotent_replay, plan_admission
 from connector.core.clock import to_ms, wall_clock
 from connector.core.lifecycle import Status
-from connector.core.policy import DeferredHostPolicy
+from connector.core.policy import DeferredHostPolicy, clamp_wait
 from connector.core.projections import status_from_durable
 from connector.errors import AdmissionError, SensoriumError, unknown_operation
 from connector.runtime.commands import CommandRunner
-from connector.runtime.kinds import Kind, operation_runtimes
-from connector.runtime.manager import DiscoveryManager
+from connector.runtime.manager import DiscoveryManager, ScanAdmission
+from connector.runtime.operations import Kind, Observed, Operations
 from connector.service.answers import Accepted, Created, Done, Gone
 from connector.service.bindings import Bindings, bind_request, refuse_erased
 from connector.storage.principals import PrincipalDirectory
@@ -33,7 +33,6 @@ from connector.storage.state import CommandOperation, ConnectorState, DiscoveryR
 from providers.base import Provider
 
 ProviderFactory = Callable[[str, str | None], Provider]
-MAX_WAIT_SECONDS = 30
 PRINCIPALS_WATCH_INTERVAL_SECONDS = 1.0
 METADATA_SWEEP_SECONDS = 600.0
 
@@ -85,7 +84,7 @@ class ConnectorService:
         self.principals = principals
         self.discovery = discovery
         self.commands = commands
-        self.runtimes = operation_runtimes(discovery, commands)
+        self.runtimes: dict[Kind, Operations[Any, Any]] = {"discovery": discovery, "command": commands}
         self.state = state
         self._providers = providers
         self.policy = policy or DeferredHostPolicy()
@@ -129,8 +128,11 @@ class ConnectorService:
         for action_id in action_ids:
             self.discovery.revoke_owner(principal_id, action_id=action_id)
             for op_id in self.discovery.operation_ids():
-                handle = self.discovery.handle(op_id)
-                if handle.owner == principal_id and handle.action_id == action_id:
+                session = self.discovery.session(op_id)
+                if session is not None and (session.spec.owner, session.spec.action_id) == (
+                    principal_id,
+                    action_id,
+                ):
                     self.bindings.drop(op_id)
 
     async def sweep_metadata(
@@ -154,9 +156,10 @@ class ConnectorService:
     async def _find(self, op_id: str) -> OperationRef | None:
         """The same two lookups for every id, known or not, so that existence does not show in timing."""
         located = await self.state.locate(op_id)
-        handle = self.discovery.find(op_id)
-        if handle is not None:
-            return OperationRef(op_id, "discovery", handle.owner, handle.action_id, handle.scope.transport)
+        session = self.discovery.session(op_id)
+        if session is not None:
+            spec = session.spec
+            return OperationRef(op_id, "discovery", spec.owner, spec.action_id, spec.scope.transport)
         if located is None:
             return None
         return OperationRef(
@@ -240,38 +243,26 @@ class ConnectorService:
         self.bindings.drop(op_id)
 
     async def _start_scan(self, plan: AdmittedScan) -> Accepted:
-        """Reserve, take the claim, record durably, then launch: the 202 leaves only after the record."""
+        """Reserve, then the runtime's admission (claim, durable record, start): the 202 leaves only after
+        the record."""
         spec, op_id = plan.session, plan.operation_id
         self._reserve_live(spec.owner, op_id, spec.scope.transport)
         answer = _accepted(plan.handle)
         admitted = _Admitted(plan.fingerprint, answer)
         if plan.keyed:
             self._admitted[op_id] = admitted  # before any await: a concurrent repeat waits for this one
+        provider = self._providers(spec.scope.transport, spec.scope.adapter)
         try:
-            await self.discovery.prepare_scan(spec, self._providers(spec.scope.transport, spec.scope.adapter))
-            await self.state.insert_discovery(
-                DiscoveryRecord(
-                    operation_id=op_id,
-                    owner=spec.owner,
-                    action_id=spec.action_id,
-                    transport=spec.scope.transport,
-                    status=Status.PENDING.value,
-                    metadata=self.discovery.metadata(op_id),
-                    reply=dict(plan.handle),
-                    causal_context=None if spec.causal_context is None else dict(spec.causal_context),
-                )
-            )
+            await self.discovery.admit(ScanAdmission(spec, provider, plan.handle))
         except BaseException as error:
-            # Refused (claim) or no durable record: no work; the prepared session never runs.
+            # Refused (claim) or no durable record: no work, nothing runs.
             admitted.failed = True
             admitted.refusal = error if isinstance(error, SensoriumError) else None
             self._admitted.pop(op_id, None)
-            self.discovery.abandon(op_id)
             self._end_live(op_id)
             raise
         finally:
             admitted.recorded.set()
-        self.discovery.launch(op_id)
         return answer
 
     async def _admit_command(self, plan: AdmittedCommand) -> Accepted | Done:
@@ -304,19 +295,7 @@ class ConnectorService:
             await starting.wait()  # the first request with this key is still being admitted
 
     async def _submit(self, plan: AdmittedCommand) -> Accepted | Done:
-        answer = await self.commands.submit(
-            plan.operation_id,
-            plan.owner,
-            plan.command,
-            plan.input,
-            plan.mode,
-            plan.created_at,
-            timeout_ms=plan.timeout_ms,
-            expires_at=plan.expires_at,
-            idempotency_fp=plan.fingerprint.hex(),
-            causal_context=plan.causal_context,
-        )
-        return _command_answer(answer)
+        return _command_answer(await self.commands.admit(plan))
 
     # ---- operations ----------------------------------------------------------------------------------------
 
@@ -330,29 +309,27 @@ class ConnectorService:
     ) -> Done:
         """GET /v1/operations/{id}, with the optional long poll."""
         ref = await self.locate(self.authenticate(token), op_id)
-        wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
-        if not wait:
-            return self._deliver(op_id, await self._current_status(ref))
-        waited = None
-        if ref.record is None:  # an ended scan (its record) will not change any more
-            waited = await self.runtimes[ref.kind].wait(op_id, after_revision, wait)
-        document = waited if waited is not None else await self._current_status(ref)
-        delivered = self._deliver(op_id, document)
-        # Authority is checked again after the wait: a revocation meanwhile answers as for anyone else.
-        await self.locate(self.authenticate(token), op_id)
+        wait_s = clamp_wait(wait_seconds)
+        delivered = self._deliver(op_id, await self._current_status(ref, after=after_revision, wait_s=wait_s))
+        if wait_s:
+            # Authority is checked again after the wait: a revocation meanwhile answers as for anyone else.
+            await self.locate(self.authenticate(token), op_id)
         return delivered
 
     def _deliver(self, op_id: str, document: dict[str, Any]) -> Done:
         """A status leaves for its caller: the candidates in it count as disclosed from now on."""
-        self.discovery.mark_disclosed(op_id, document)
+        self.discovery.mark_disclosed(op_id)
         return Done(document)
 
-    async def _current_status(self, ref: OperationRef) -> dict[str, Any]:
-        """From the runtime while it holds the operation, else from a scan's durable record (CONTRACT §7
-        only)."""
-        document = await self.runtimes[ref.kind].status(ref.operation_id)
-        if document is not None:
-            return document
+    async def _current_status(
+        self, ref: OperationRef, *, after: int | None = None, wait_s: float = 0.0
+    ) -> dict[str, Any]:
+        """From the runtime while it holds the operation (after the long poll), else from a scan's durable
+        record (CONTRACT §7 only), which will not change any more."""
+        if ref.record is None:
+            document = await self.runtimes[ref.kind].status(ref.operation_id, after=after, wait_s=wait_s)
+            if document is not None:
+                return document
         record = ref.record if ref.record is not None else await self.state.get_discovery(ref.operation_id)
         if record is None:
             raise unknown_operation()
@@ -363,10 +340,38 @@ class ConnectorService:
     async def cancel(self, token: str | None, op_id: str) -> Done:
         """POST /v1/operations/{id}/cancel: the status after the request."""
         ref = await self.locate(self.authenticate(token), op_id)
-        document = await self.runtimes[ref.kind].cancel(op_id)
-        if document is None:  # ended: the unchanged status
-            document = await self._current_status(ref)
+        cancelled = await self.runtimes[ref.kind].cancel(op_id)
+        # Ended and gone from the runtime: the unchanged status of its record.
+        document = cancelled[1] if cancelled is not None else await self._current_status(ref)
         return self._deliver(op_id, document)
+
+    # ---- the host's questions (it checks authority itself, against its own registry row) -------------------
+
+    async def observe(self, op_id: str, kind: Kind) -> Observed | None:
+        """Status and durable metadata, never candidates; None when the runtime does not hold the id."""
+        return await self.runtimes[kind].observe(op_id)
+
+    async def poll(
+        self, op_id: str, kind: Kind, *, wait_seconds: float | None, after_revision: int | None
+    ) -> dict[str, Any] | None:
+        """The caller-private status, delivered (its candidates count as disclosed); None when unknown."""
+        document = await self.runtimes[kind].status(
+            op_id, after=after_revision, wait_s=clamp_wait(wait_seconds)
+        )
+        if document is not None:
+            self._deliver(op_id, document)
+        return document
+
+    async def request_cancel(self, op_id: str, kind: Kind) -> tuple[bool, dict[str, Any]] | None:
+        """Whether the cancel changed anything, and the delivered status after it; None when unknown."""
+        cancelled = await self.runtimes[kind].cancel(op_id)
+        if cancelled is not None:
+            self._deliver(op_id, cancelled[1])
+        return cancelled
+
+    async def stop(self, op_id: str, kind: Kind, error_code: str) -> None:
+        """End the work because its host ended the operation (expiry, response too large)."""
+        await self.runtimes[kind].stop(op_id, error_code)
 
     async def select(self, token: str | None, op_id: str, body: Any) -> Done:
         """POST /v1/operations/{id}/selection: remember a candidate of a running snapshot (memory only)."""
@@ -383,7 +388,7 @@ class ConnectorService:
         candidate_ref, key = bind_request(body)
         if not self.runtimes[ref.kind].bindable:
             raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
-        if self.discovery.find(op_id) is None:
+        if self.discovery.session(op_id) is None:
             recorded = await self.bindings.recorded(principal, op_id, candidate_ref, key)
             if recorded is not None:
                 return recorded  # CONTRACT §6.8: a keyed retry answers the same binding, after a restart too

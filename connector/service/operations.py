@@ -17,7 +17,7 @@ from typing import Any, Protocol
 from connector.core.clock import format_time
 from connector.core.projections import command_metadata
 from connector.runtime.commands import status_document
-from connector.runtime.manager import DiscoveryManager, UnknownOperation
+from connector.runtime.manager import DiscoveryManager
 from connector.storage.state import CommandOperation, ConnectorState
 
 
@@ -81,11 +81,10 @@ class LiveConnectorOperations:
         found = []
         live = set()
         for op_id in self._discovery.operation_ids():
-            try:
-                found.append(self._discovery.metadata(op_id))
+            observed = await self._discovery.observe(op_id)
+            if observed is not None:  # else forgotten between the two calls
+                found.append(dict(observed.metadata))
                 live.add(op_id)
-            except UnknownOperation:
-                continue  # forgotten between the two calls
         for record in await self._state.list_discoveries():
             if record.operation_id not in live:
                 found.append(dict(record.metadata))
@@ -95,10 +94,9 @@ class LiveConnectorOperations:
 
     async def operation(self, operation_id: str) -> dict[str, Any] | None:
         """Durable metadata of a discovery (live, else its record) or a command, or None."""
-        try:
-            return self._discovery.metadata(operation_id)
-        except UnknownOperation:
-            pass
+        observed = await self._discovery.observe(operation_id)
+        if observed is not None:
+            return dict(observed.metadata)
         record = await self._state.get_discovery(operation_id)
         if record is not None:
             return dict(record.metadata)
@@ -109,15 +107,14 @@ class LiveConnectorOperations:
         """Sessions counted per (transport, adapter): live ones use it, uncertain cleanups hold it."""
         sessions: dict[tuple[str, str], int] = {key: 0 for key in self._known.items()}
         uncertain: dict[tuple[str, str], list[UncertainCleanup]] = {}
-        for handle in self._discovery.sessions():
-            key = (handle.transport, handle.adapter)
+        for claim in self._discovery.sessions():
+            key = (claim.transport, claim.adapter)
             sessions.setdefault(key, 0)
-            if handle.cleanup_uncertain:
-                retry = self._discovery.next_cleanup_retry_ms(handle.operation_id)
+            if claim.cleanup_uncertain:
                 uncertain.setdefault(key, []).append(
-                    UncertainCleanup(handle.operation_id, handle.terminal_at_ms, retry)
+                    UncertainCleanup(claim.operation_id, claim.terminal_at_ms, claim.next_retry_ms)
                 )
-            elif handle.claim_held:
+            elif claim.claim_held:
                 sessions[key] += 1
         return [
             AdapterClaim(transport, adapter, count, tuple(uncertain.get((transport, adapter), ())))

@@ -14,7 +14,7 @@ from connector.errors import SensoriumError
 from connector.host.metrics import HostMetrics
 from connector.host.port import ActionInfo
 from connector.host.service import HostService
-from connector.runtime.kinds import Kind, Observed
+from connector.runtime.operations import Kind, Observed
 from connector.service.answers import Accepted, Done
 from connector.storage.registry import DeferredRegistry
 from tests.host.records import T0, command_metadata, discovery_metadata, new_op_id

@@ -10,7 +10,7 @@ import pytest
 from connector.core.lifecycle import Status
 from connector.host import documents
 from connector.host.receipts import execution_receipt, finished_at, record_receipt
-from connector.runtime.kinds import Kind
+from connector.runtime.operations import Kind
 from connector.storage.registry import HistoryEvent
 from tests.host.records import T0, command_metadata, discovery_metadata, record
 from tests.host.support import check

@@ -116,7 +116,7 @@ async def poll_until(
     """Poll every 20 ms until `predicate(status)`; returns every status seen."""
 
     async def status() -> dict[str, Any]:
-        return manager.status(operation_id)
+        return (await status_of(manager, operation_id))
 
     return await poll(status, predicate, timeout=limit_s, interval=0.02)
 
@@ -143,7 +143,7 @@ async def test_scan_sees_devices_added_during_it_and_cancel_is_confirmed_by_stop
         bluez.add_device(STRANGER, name="stranger", service_uuids=[], rssi=-40)
         bluez.update(STRAP, rssi=-55)
         polls += await poll_until(manager, operation_id, lambda s: snapshot_labels(s) == ["strap-1"])
-        cancelled = manager.cancel(operation_id)
+        cancelled = await cancelled(manager, operation_id)
         assert cancelled["status"] in ("running", "cancelled")
         polls += [cancelled]
         polls += await poll_until(manager, operation_id, lambda s: s["status"] == "cancelled")
@@ -170,7 +170,7 @@ async def test_an_unacknowledged_stop_cancels_with_stop_by_disconnect(
             bluez.fail_stop("org.bluez.Error.Failed", "Operation failed")
         else:
             bluez.stall_stop(bluez.clients()[0])
-        polls.append(manager.cancel(operation_id))
+        polls.append(await cancelled(manager, operation_id))
         # Terminal although the stop is never acknowledged: the proof by disconnect ended it.
         polls += await poll_until(manager, operation_id, lambda s: s["status"] not in ("pending", "running"))
         final = polls[-1]
@@ -189,7 +189,7 @@ async def test_a_wedged_bluetoothd_holds_the_claim_until_it_answers(bluez: Bluez
         operation_id = await start_scan(manager)
         polls = await poll_until(manager, operation_id, lambda s: s["status"] == "running")
         bluez.wedge()
-        polls.append(manager.cancel(operation_id))
+        polls.append(await cancelled(manager, operation_id))
         polls += await poll_until(manager, operation_id, lambda s: s["status"] not in ("pending", "running"))
         final = polls[-1]
         assert final["status"] == "failed"
@@ -208,7 +208,7 @@ async def test_a_wedged_bluetoothd_holds_the_claim_until_it_answers(bluez: Bluez
         with anyio.fail_after(5):
             while manager.claims.holder(claim_key("ble", "hci0")) is not None:
                 await anyio.sleep(0.05)  # real peer: the background retry runs against the emulator process
-        after = manager.status(operation_id)
+        after = await status_of(manager, operation_id)
         assert after["status"] == "failed"  # a terminal status never changes
         assert after["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert after["diagnostics"] == [{"code": "stop-by-disconnect"}]
@@ -236,7 +236,7 @@ async def test_a_start_cut_off_while_bluetoothd_hangs_holds_the_claim_until_prov
         with anyio.fail_after(5):
             while manager.claims.holder(claim_key("ble", "hci0")) is not None:
                 await anyio.sleep(0.05)  # real peer: the background retry runs against the emulator process
-        after = manager.status(operation_id)
+        after = await status_of(manager, operation_id)
         assert after["status"] == "failed"
         assert after["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert bluez.clients() == []
@@ -285,7 +285,7 @@ async def test_a_steady_device_stays_present_for_three_ttls(bluez: BluezControll
         while True:
             # The same advert at the same strength: signalled only because the session asked for every report.
             bluez.advertise(STRAP, rssi=-61, manufacturer_data=data)
-            status = manager.status(operation_id)
+            status = await status_of(manager, operation_id)
             if status["status"] != "running":
                 break
             assert snapshot_labels(status) == ["strap-1"]
@@ -311,7 +311,7 @@ async def test_a_steady_device_reported_once_per_controller_cycle_is_kept_for_th
         passed, seen = 0, False
         while True:
             passed += bluez.advertise(STRAP, rssi=-61)  # it advertises on; the controller filters
-            status = manager.status(operation_id)
+            status = await status_of(manager, operation_id)
             if status["status"] != "running":
                 break
             if snapshot_labels(status):

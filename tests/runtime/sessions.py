@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import secrets
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 
 from connector.core.admission import SessionSpec
-from connector.core.clock import wall_clock_ms
+from connector.core.endings import CleanupState
 from connector.core.ids import OPERATION_KIND, random_operation_id
+from connector.core.projections import durable_metadata
 from connector.core.scope import DiscoveryProfile, DiscoveryScope
-from connector.runtime.manager import DiscoveryManager
-from connector.runtime.session import SessionHandle
+from connector.runtime.manager import DiscoveryManager, ScanAdmission
+from connector.runtime.session import DiscoverySession
+from connector.timer import WALL_TIMER, Timer
 from providers.base import Provider
 from tests.runtime.support import PROFILE, ble_scope
 
@@ -25,6 +27,19 @@ CAUSAL = {"operation/id": "deferred:sensorium.directive.invoke:AAAAAAAAAAAAAAAAA
 
 def new_operation_id() -> str:
     return random_operation_id(OPERATION_KIND, secrets.token_bytes(16))
+
+
+@dataclass(frozen=True, slots=True)
+class Started:
+    """A scan a test started: its id and its session."""
+
+    operation_id: str
+    session: DiscoverySession
+
+    @property
+    def termination_confirmed(self) -> bool:
+        """Terminal, and its provider stop was acknowledged."""
+        return self.session.is_terminal and self.session.cleanup_state is CleanupState.CONFIRMED
 
 
 def fast_manager(**options: Any) -> DiscoveryManager:
@@ -46,8 +61,10 @@ async def start(
     cut_by_deadline: bool = False,
     owner: str = "alice",
     operation_id: str | None = None,
-) -> SessionHandle:
-    now = wall_clock_ms()
+    timer: Timer = WALL_TIMER,
+) -> Started:
+    """Admit a scan on `manager`, its moments on `timer` (the manager's own)."""
+    now = timer.now_ms()
     spec = SessionSpec(
         operation_id=operation_id or new_operation_id(),
         owner=owner,
@@ -62,7 +79,8 @@ async def start(
         causal_context=CAUSAL,
         retry_after_seconds=1,
     )
-    return await manager.start_scan(spec, provider)
+    session = await manager.admit(ScanAdmission(spec, provider))
+    return Started(spec.operation_id, session)
 
 
 async def poll_to_end(
@@ -72,11 +90,11 @@ async def poll_to_end(
     polls: list[dict[str, Any]] = []
     with anyio.fail_after(limit_s):
         while True:
-            polls.append(delivered_status(manager, operation_id))
+            polls.append(await delivered_status(manager, operation_id))
             if polls[-1]["status"] not in ("pending", "running"):
                 break
             await anyio.sleep(every_s)
-    polls.append(delivered_status(manager, operation_id))
+    polls.append(await delivered_status(manager, operation_id))
     return polls
 
 
@@ -85,16 +103,44 @@ async def until_terminal(
 ) -> dict[str, Any]:
     """Long-poll until the operation is terminal (its stop settled) and return that status."""
     with anyio.fail_after(limit_s):
-        status = await manager.wait_for_change(operation_id, None, limit_s)
+        status = await waited(manager, operation_id, None, limit_s)
         while status["status"] in ("pending", "running"):
-            status = await manager.wait_for_change(operation_id, None, limit_s)
+            status = await waited(manager, operation_id, None, limit_s)
     return status
 
 
-def delivered_status(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
+async def waited(
+    manager: DiscoveryManager, operation_id: str, after: int | None, wait_s: float
+) -> dict[str, Any]:
+    """The long-polled status of a scan the manager holds."""
+    status = await manager.status(operation_id, after=after, wait_s=wait_s)
+    assert status is not None, "the manager no longer holds the scan"
+    return status
+
+
+async def status_of(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
+    """The current status of a scan the manager holds (a read: nothing counts as disclosed)."""
+    return await waited(manager, operation_id, None, 0.0)
+
+
+async def cancelled(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
+    """The status after a cancel request on a scan the manager holds."""
+    answer = await manager.cancel(operation_id)
+    assert answer is not None, "the manager no longer holds the scan"
+    return answer[1]
+
+
+def metadata_of(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
+    """The durable metadata of a scan the manager holds."""
+    session = manager.session(operation_id)
+    assert session is not None, "the manager no longer holds the scan"
+    return durable_metadata(session.view())
+
+
+async def delivered_status(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
     """The status as the service hands it to a caller: read, then its candidates counted as disclosed."""
-    document = manager.status(operation_id)
-    manager.mark_disclosed(operation_id, document)
+    document = await status_of(manager, operation_id)
+    manager.mark_disclosed(operation_id)
     return document
 
 

@@ -1,16 +1,22 @@
-"""One runtime interface for both kinds: the same questions, None for an id a runtime does not hold."""
+"""One `Operations` protocol for both kinds: the same questions, None for an id a runtime does not hold."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
-from connector.runtime.kinds import CommandRuntime, DiscoveryRuntime, OperationRuntime, operation_runtimes
+from connector.runtime.commands import CommandRunner
+from connector.runtime.manager import DiscoveryManager
+from connector.runtime.operations import Operations
+from connector.timer import VirtualTimer
 from providers.faults import FaultProvider
-from tests.runtime.commands.conftest import program_action, running
+from tests.runtime.commands.conftest import program_action, running, wait_for_file
 from tests.runtime.sessions import dumps, fast_manager, new_operation_id, start
 from tests.runtime.support import strap
 
@@ -18,67 +24,112 @@ UNKNOWN = "deferred:sensorium.directive.invoke:AAAAAAAAAAAAAAAAAAAAAAAAAA"
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "expired"}
 
 
-async def _unknown_everywhere(runtime: OperationRuntime) -> None:
+async def _unknown_everywhere(runtime: Operations[Any, Any]) -> None:
     assert await runtime.status(UNKNOWN) is None
-    assert await runtime.wait(UNKNOWN, None, 0.0) is None
+    assert await runtime.status(UNKNOWN, after=3, wait_s=30.0) is None, "no wait for an unknown id"
     assert await runtime.cancel(UNKNOWN) is None
     assert await runtime.observe(UNKNOWN) is None
     await runtime.stop(UNKNOWN, "deadline-exceeded")
 
 
-async def _ended(runtime: OperationRuntime, op_id: str) -> str:
-    with anyio.fail_after(5):
-        while True:
-            observed = await runtime.observe(op_id)
-            assert observed is not None
-            if observed.status in TERMINAL:
-                return observed.status
-            await anyio.sleep(0.02)
-
-
 @pytest.mark.asyncio
-async def test_each_kind_is_registered_under_its_own_name(tmp_path: Path) -> None:
+async def test_both_runtimes_are_operations_of_their_own_kind(tmp_path: Path) -> None:
     async with fast_manager() as manager, running(tmp_path) as (_, runner):
-        runtimes = operation_runtimes(manager, runner)
-        assert {kind: (runtime.kind, runtime.bindable) for kind, runtime in runtimes.items()} == {
-            "discovery": ("discovery", True),
-            "command": ("command", False),
-        }
-        for runtime in runtimes.values():
+        runtimes: list[Operations[Any, Any]] = [manager, runner]
+        assert [(runtime.kind, runtime.bindable) for runtime in runtimes] == [
+            ("discovery", True),
+            ("command", False),
+        ]
+        for runtime in runtimes:
             await _unknown_everywhere(runtime)
 
 
 @pytest.mark.asyncio
-async def test_a_scan_observed_stopped_and_read_through_the_interface() -> None:
-    async with fast_manager() as manager:
-        runtime = DiscoveryRuntime(manager)
-        handle = await start(manager, FaultProvider([(0, strap(1))]), window_ms=5_000)
+async def test_a_scan_observed_stopped_and_read_through_the_protocol() -> None:
+    timer = VirtualTimer()
+    async with fast_manager(timer=timer) as manager:
+        runtime: Operations[Any, Any] = manager
+        handle = await start(manager, FaultProvider([(0, strap(1))]), window_ms=5_000, timer=timer)
         op_id = handle.operation_id
         observed = await runtime.observe(op_id)
         assert observed is not None and observed.document is None and observed.retry_hint is None
         assert observed.status in ("pending", "running")
         assert "strap-1" not in dumps(dict(observed.metadata))
         await runtime.stop(op_id, "deadline-exceeded")
-        assert await _ended(runtime, op_id) == "failed"
-        final = await runtime.wait(op_id, None, 0.0)
+        final = await runtime.status(op_id, wait_s=60.0)  # the wait ends at the terminal status
         assert final is not None and final["status"] == "failed"
         assert final == await runtime.status(op_id)
-        cancelled = await runtime.cancel(op_id)  # terminal: the unchanged status
-        assert cancelled is not None and cancelled["status"] == "failed"
+        assert timer.now_ms() == handle.session.spec.created_at_ms, "the end came before any timeout"
+        assert await runtime.cancel(op_id) == (False, final), "terminal: nothing changed"
 
 
 @pytest.mark.asyncio
-async def test_a_command_observed_and_stopped_through_the_interface(tmp_path: Path) -> None:
+async def test_a_scan_cancel_says_whether_it_changed_anything() -> None:
+    timer = VirtualTimer()
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, FaultProvider([(0, strap(1))]), window_ms=5_000, timer=timer)
+        first = await manager.cancel(handle.operation_id)
+        again = await manager.cancel(handle.operation_id)
+        assert first is not None and first[0] is True
+        assert again is not None and again[0] is False, "a repeated cancel changes nothing"
+        assert first[1]["cancellation"] == again[1]["cancellation"]
+
+
+@pytest.mark.asyncio
+async def test_a_long_poll_that_sees_no_change_returns_at_its_wait_on_the_timer() -> None:
+    timer = VirtualTimer()
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, FaultProvider([]), window_ms=600_000, timer=timer)
+        async with _polling(manager, handle.operation_id, wait_s=30.0) as answers:
+            await timer.advance(29_999)
+            assert answers == [], "still waiting one millisecond before its wait ends"
+            await timer.advance(1)
+            assert [answer["status"] for answer in answers] == ["running"]
+
+
+@pytest.mark.asyncio
+async def test_a_command_observed_and_stopped_through_the_protocol(tmp_path: Path) -> None:
     action = program_action("sleep", str(tmp_path / "started"), "30")
     async with running(tmp_path) as (_, runner):
-        runtime = CommandRuntime(runner)
+        runtime: Operations[Any, Any] = runner
         op_id = new_operation_id()
         await runner.submit(op_id, "alice", action, {}, "async", datetime.now(UTC))
         observed = await runtime.observe(op_id)
         assert observed is not None and observed.document is not None
         assert observed.status in ("pending", "running") and observed.retry_hint == 1
         assert "result" not in observed.metadata
+        await wait_for_file(tmp_path / "started")
         await runtime.stop(op_id, "deadline-exceeded")
-        final = await runtime.wait(op_id, None, 0.0)
+        final = await runtime.status(op_id)
         assert final is not None and final["status"] == "cancelled"
-        assert final == await runtime.status(op_id) == await runtime.cancel(op_id)
+        assert await runtime.cancel(op_id) == (False, final), "terminal: nothing changed"
+
+
+@pytest.mark.asyncio
+async def test_a_command_cancel_says_it_interrupted_the_work(tmp_path: Path) -> None:
+    action = program_action("sleep", str(tmp_path / "started"), "30")
+    async with running(tmp_path) as (_, runner):
+        op_id = new_operation_id()
+        await runner.submit(op_id, "alice", action, {}, "async", datetime.now(UTC))
+        await wait_for_file(tmp_path / "started")
+        answer = await runner.cancel(op_id)
+        assert answer is not None and answer[0] is True and answer[1]["status"] == "cancelled"
+
+
+@asynccontextmanager
+async def _polling(
+    manager: DiscoveryManager | CommandRunner, op_id: str, *, wait_s: float
+) -> AsyncIterator[list[dict[str, Any]]]:
+    """A long poll running in the background; its answer lands in the yielded list."""
+    answers: list[dict[str, Any]] = []
+
+    async def poll() -> None:
+        answer = await manager.status(op_id, wait_s=wait_s)
+        assert answer is not None
+        answers.append(answer)
+
+    async with anyio.create_task_group() as group:
+        group.start_soon(poll)
+        await anyio.wait_all_tasks_blocked()
+        yield answers
+        group.cancel_scope.cancel()

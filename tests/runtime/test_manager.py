@@ -12,16 +12,23 @@ import pytest
 
 from connector.core.scope import ScopeFilter
 from connector.core.snapshot import CandidateTable, Revision
-from connector.runtime.manager import UnknownOperation
-from providers.faults import Fault, FaultProvider, StopStep
+from connector.runtime.claims import claim_key
+from connector.runtime.manager import DiscoveryManager, SessionClaim
+from connector.runtime.session import DiscoverySession
+from connector.storage.state import DiscoveryRecord
+from connector.timer import VirtualTimer
+from providers.faults import RAISE, Fault, FaultProvider, StopStep
 from providers.replay import ReplayProvider
 from tests.runtime.sessions import (
     assert_valid_polls,
     delivered_status,
     dumps,
     fast_manager,
+    metadata_of,
     poll_to_end,
     start,
+    status_of,
+    waited,
     with_profile,
 )
 from tests.runtime.support import ble_scope, other_tasks, stranger, strap
@@ -40,7 +47,7 @@ async def test_revisions_strictly_increase_under_a_crowd_and_concurrent_polls(fi
 
         async def poll(into: list[dict[str, Any]], every_s: float) -> None:
             while True:
-                into.append(manager.status(handle.operation_id))
+                into.append(await status_of(manager, handle.operation_id))
                 if into[-1]["status"] not in ("pending", "running"):
                     return
                 await anyio.sleep(every_s)
@@ -48,7 +55,7 @@ async def test_revisions_strictly_increase_under_a_crowd_and_concurrent_polls(fi
         async def long_poll(into: list[dict[str, Any]]) -> None:
             revision = 0
             while True:
-                status = await manager.wait_for_change(handle.operation_id, revision, 0.5)
+                status = await waited(manager, handle.operation_id, revision, 0.5)
                 into.append(status)
                 if status["status"] not in ("pending", "running"):
                     return
@@ -96,7 +103,7 @@ async def test_an_out_of_scope_flood_leaves_no_trace(caplog: pytest.LogCaptureFi
     async with fast_manager() as manager:
         handle = await start(manager, provider, window_ms=300)
         polls = await poll_to_end(manager, handle.operation_id)
-        metadata = manager.metadata(handle.operation_id)
+        metadata = metadata_of(manager, handle.operation_id)
     final = polls[-1]
     assert sorted(c["label"] for c in final["result"]["candidates"]) == ["strap-0", "strap-1"]
     assert metadata["disclosed_count"] == 2
@@ -112,20 +119,21 @@ async def test_disclosed_count_counts_only_candidates_actually_returned() -> Non
     async with fast_manager() as manager:
         handle = await start(manager, FaultProvider(STRAPS), window_ms=200)
         await handle_finished(manager, handle.operation_id)
-        assert manager.metadata(handle.operation_id)["disclosed_count"] == 0
-        manager.status(handle.operation_id)
-        assert manager.metadata(handle.operation_id)["disclosed_count"] == 0, "a read never counts"
-        delivered_status(manager, handle.operation_id)
-        delivered_status(manager, handle.operation_id)
-        metadata = manager.metadata(handle.operation_id)
+        assert metadata_of(manager, handle.operation_id)["disclosed_count"] == 0
+        await status_of(manager, handle.operation_id)
+        assert metadata_of(manager, handle.operation_id)["disclosed_count"] == 0, "a read never counts"
+        await delivered_status(manager, handle.operation_id)
+        await delivered_status(manager, handle.operation_id)
+        metadata = metadata_of(manager, handle.operation_id)
         assert metadata["disclosed_count"] == 5
         assert "progress" not in metadata and "result" not in dumps(metadata).replace('"result_', "")
         for label in ("strap-0", "02:00:00", "candidate/ref"):
             assert label not in dumps(metadata)
 
 
-async def handle_finished(manager: Any, operation_id: str) -> None:
-    session = manager._get(operation_id)
+async def handle_finished(manager: DiscoveryManager, operation_id: str) -> None:
+    session = manager.session(operation_id)
+    assert session is not None
     with anyio.fail_after(3):
         await session.finished.wait()
 
@@ -137,53 +145,97 @@ async def test_long_poll_wakes_on_a_new_revision_and_returns_at_timeout_otherwis
         handle = await start(manager, provider, window_ms=3_000)
         # The waits that must wake early get a long timeout: returning well before it is the proof.
         started = anyio.current_time()
-        status = await manager.wait_for_change(handle.operation_id, 0, 30.0)
+        status = await waited(manager, handle.operation_id, 0, 30.0)
         assert status["progress"]["revision"] == 1
         assert anyio.current_time() - started < 15
         started = anyio.current_time()
-        quiet = await manager.wait_for_change(handle.operation_id, 1, 0.15)
+        quiet = await waited(manager, handle.operation_id, 1, 0.15)
         # Still running: it returned at its own timeout, not at the window's end.
         assert quiet["progress"]["revision"] == 1 and quiet["status"] == "running"
         assert anyio.current_time() - started >= 0.14
-        manager.cancel(handle.operation_id)
+        await manager.cancel(handle.operation_id)
         started = anyio.current_time()
-        terminal = await manager.wait_for_change(handle.operation_id, None, 30.0)
+        terminal = await waited(manager, handle.operation_id, None, 30.0)
         assert terminal["status"] == "cancelled" and anyio.current_time() - started < 15
 
 
 @pytest.mark.asyncio
 async def test_a_completed_result_is_erased_after_its_retention() -> None:
-    profile = with_profile(result_retention_seconds=1)
-    async with fast_manager() as manager:
-        handle = await start(manager, FaultProvider(STRAPS), profile=profile, window_ms=150)
-        polls = await poll_to_end(manager, handle.operation_id)
-        final = polls[-1]
+    timer = VirtualTimer()
+    profile = with_profile(result_retention_seconds=30)
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, FaultProvider(STRAPS), profile=profile, window_ms=150, timer=timer)
+        await ended(timer, handle.session, after_ms=150)
+        final = await delivered_status(manager, handle.operation_id)
         ref = next(c["candidate/ref"] for c in final["result"]["candidates"] if c["label"] == "strap-3")
-        assert handle.binding_target(ref) == ("ble", "02:00:00:00:00:03")
-        with anyio.fail_after(3):
-            while "erased_at" not in manager.status(handle.operation_id)["result"]:
-                await anyio.sleep(0.05)
-        erased = manager.status(handle.operation_id)
+        assert handle.session.table.binding_target(ref) == ("ble", "02:00:00:00:00:03")
+        ended_at = handle.session.terminal_at_ms
+        assert ended_at is not None
+        await timer.advance_to(ended_at + 29_999)
+        assert handle.session.erased_at_ms is None, "kept for its whole retention"
+        await timer.advance(1)
+        assert handle.session.erased_at_ms == ended_at + 30_000
+        erased = await status_of(manager, handle.operation_id)
         assert erased["status"] == "completed" and "progress" not in erased
         assert erased["result"]["candidates"] == []
         assert erased["result"]["final_revision"] == final["result"]["final_revision"]
         assert erased["result"]["reason"] == final["result"]["reason"]
-        assert handle.binding_target(ref) is None
-        assert_valid_polls([*polls, erased])
+        assert handle.session.table.binding_target(ref) is None
+        assert_valid_polls([final, erased])
 
 
 @pytest.mark.asyncio
 async def test_metadata_retention_forgets_the_operation() -> None:
-    async with fast_manager(metadata_retention_seconds=0) as manager:
-        handle = await start(
-            manager, FaultProvider([]), profile=with_profile(result_retention_seconds=0), window_ms=50
-        )
-        with anyio.fail_after(10):
-            while handle.operation_id in list(manager.operation_ids()):
-                await anyio.sleep(0.02)
-        with pytest.raises(UnknownOperation) as unknown:
-            manager.status(handle.operation_id)
-        assert unknown.value.code == "unknown-operation"
+    timer = VirtualTimer()
+    async with fast_manager(timer=timer, metadata_retention_seconds=60) as manager:
+        profile = with_profile(result_retention_seconds=10)
+        handle = await start(manager, FaultProvider([]), profile=profile, window_ms=50, timer=timer)
+        await ended(timer, handle.session, after_ms=50)
+        ended_at = handle.session.terminal_at_ms
+        assert ended_at is not None
+        await timer.advance_to(ended_at + 59_999)
+        assert await manager.observe(handle.operation_id) is not None, "the metadata is retained"
+        await timer.advance(1)
+        assert handle.operation_id not in list(manager.operation_ids())
+        assert await manager.status(handle.operation_id) is None
+        assert await manager.observe(handle.operation_id) is None
+
+
+@pytest.mark.asyncio
+async def test_a_journal_forgets_at_result_retention_and_keeps_the_row_it_inserted() -> None:
+    timer = VirtualTimer()
+    journal = RecordingJournal()
+    async with fast_manager(timer=timer, journal=journal) as manager:
+        profile = with_profile(result_retention_seconds=10)
+        handle = await start(manager, FaultProvider(STRAPS), profile=profile, window_ms=50, timer=timer)
+        assert [row.status for row in journal.inserted] == ["pending"], "inserted before the runner ran"
+        assert journal.inserted[0].operation_id == handle.operation_id
+        await ended(timer, handle.session, after_ms=50)
+        await timer.advance(10_000)
+        assert handle.operation_id not in list(manager.operation_ids()), "the journal answers from now on"
+    statuses = [metadata["status"] for _, metadata in journal.updates]
+    assert statuses[-1] == "completed" and "erased_at" in journal.updates[-1][1]
+
+
+@pytest.mark.asyncio
+async def test_an_uncertain_cleanup_is_retried_with_backoff_on_the_timer_until_acknowledged() -> None:
+    timer = VirtualTimer()
+    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(RAISE, RAISE, RAISE, StopStep("ack"))))
+    options = {"cleanup_retry_initial_s": 1.0, "cleanup_retry_max_s": 4.0}
+    async with fast_manager(timer=timer, **options) as manager:
+        handle = await start(manager, provider, window_ms=100, timer=timer)
+        await ended(timer, handle.session, after_ms=100)
+        assert handle.session.cleanup_uncertain and provider.stop_calls == 1
+        retries: list[int] = []
+        while (claim := _claim(manager, handle.operation_id)).cleanup_uncertain:
+            assert claim.next_retry_ms is not None
+            retries.append(claim.next_retry_ms - timer.now_ms())
+            await timer.advance_to(claim.next_retry_ms)
+            await _settled(provider, stops=len(retries) + 1)
+        assert retries == [1_000, 2_000, 4_000], "doubling up to the maximum"
+        assert provider.acknowledged_stops == 1 and manager.claims.holder(claim_key("ble", None)) is None
+        final = await status_of(manager, handle.operation_id)
+        assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
 
 
 @pytest.mark.asyncio
@@ -193,16 +245,16 @@ async def test_revoking_a_grant_erases_and_ends_that_owners_sessions() -> None:
         theirs = await start(
             manager, FaultProvider(STRAPS, concurrent_sessions=True), window_ms=300, owner="bob"
         )
-        await manager.wait_for_change(mine.operation_id, 0, 2.0)
-        assert manager.active_operations("alice") == 1
+        await waited(manager, mine.operation_id, 0, 2.0)
+        assert not mine.session.is_terminal and manager.active_count() >= 1
         assert manager.revoke_owner("alice") == [mine.operation_id]
-        right_after = manager.status(mine.operation_id)
+        right_after = await status_of(manager, mine.operation_id)
         assert "progress" not in right_after
         polls = [right_after, *await poll_to_end(manager, mine.operation_id)]
         assert polls[-1]["status"] == "failed" and polls[-1]["error"]["code"] == "grant-revoked"
         assert polls[-1]["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert (await poll_to_end(manager, theirs.operation_id))[-1]["status"] == "completed"
-        assert manager.active_operations("alice") == 0
+        assert manager.active_count() == 0
         assert_valid_polls(polls)
 
 
@@ -216,11 +268,11 @@ async def test_aclose_stops_every_live_session_with_a_confirmed_stop() -> None:
     ]
     async with fast_manager() as manager:
         handles = [await start(manager, p, window_ms=10_000) for p in providers]
-        await manager.wait_for_change(handles[0].operation_id, 0, 2.0)
+        await waited(manager, handles[0].operation_id, 0, 2.0)
         with anyio.fail_after(10):
             await manager.aclose()
         for handle in handles:
-            final = manager.status(handle.operation_id)
+            final = await status_of(manager, handle.operation_id)
             assert final["status"] == "failed" and final["error"]["code"] == "interrupted-by-restart"
             assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert all(p.acknowledged_stops == 1 for p in providers)
@@ -230,8 +282,8 @@ async def test_aclose_stops_every_live_session_with_a_confirmed_stop() -> None:
 @pytest.mark.asyncio
 async def test_unknown_operations_and_a_closed_runtime() -> None:
     manager = fast_manager()
-    with pytest.raises(UnknownOperation):
-        manager.status("deferred:sensorium.directive.invoke:AAAAAAAAAAAAAAAAAAAAAAAAAA")
+    unknown = "deferred:sensorium.directive.invoke:AAAAAAAAAAAAAAAAAAAAAAAAAA"
+    assert await manager.status(unknown) is None and await manager.cancel(unknown) is None
     with pytest.raises(Exception, match="not running") as refused:
         await start(manager, FaultProvider([]))
     assert getattr(refused.value, "code", None) == "internal"
@@ -253,7 +305,7 @@ async def test_an_internal_error_ends_only_that_session_and_logs_no_detail(
             def cut(self, now_ms: int, *, final: bool = False) -> Revision | None:
                 raise RuntimeError(CANARY)
 
-        manager._get(bad.operation_id).table.__class__ = Exploding
+        bad.session.table.__class__ = Exploding
         bad_polls = await poll_to_end(manager, bad.operation_id)
         good_polls = await poll_to_end(manager, good.operation_id)
     assert bad_polls[-1]["status"] == "failed" and bad_polls[-1]["error"]["code"] == "provider-failure"
@@ -270,13 +322,13 @@ async def test_a_long_poll_during_a_pending_cancel_waits_for_the_end_instead_of_
     provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(StopStep("ack", delay_ms=160),)))
     async with fast_manager() as manager:
         handle = await start(manager, provider, window_ms=5_000)
-        first = await manager.wait_for_change(handle.operation_id, 0, 2.0)
-        manager.cancel(handle.operation_id)
+        first = await waited(manager, handle.operation_id, 0, 2.0)
+        await manager.cancel(handle.operation_id)
         started = anyio.current_time()
-        quiet = await manager.wait_for_change(handle.operation_id, 0, 0.1)
+        quiet = await waited(manager, handle.operation_id, 0, 0.1)
         assert quiet["cancellation"]["state"] == "requested" and "progress" not in quiet
         assert anyio.current_time() - started >= 0.09, "an invisible revision does not end the wait"
-        final = await manager.wait_for_change(handle.operation_id, None, 2.0)
+        final = await waited(manager, handle.operation_id, None, 2.0)
         assert final["status"] == "cancelled"
         assert_valid_polls([first, quiet, final])
 
@@ -292,12 +344,53 @@ async def test_durable_updated_at_does_not_follow_revision_timing() -> None:
         )
         seen: list[tuple[int, str]] = []
         with anyio.fail_after(5):
-            while (status := manager.status(handle.operation_id))["status"] == "running" or not seen:
+            while (status := (await status_of(manager, handle.operation_id)))[
+                "status"
+            ] == "running" or not seen:
                 if status["status"] == "running" and "progress" in status:
                     seen.append(
-                        (status["progress"]["revision"], manager.metadata(handle.operation_id)["updated_at"])
+                        (
+                            status["progress"]["revision"],
+                            metadata_of(manager, handle.operation_id)["updated_at"],
+                        )
                     )
                 await anyio.sleep(0.01)
     revisions = {revision for revision, _ in seen}
     assert len(revisions) >= 2
     assert len({updated for _, updated in seen}) == 1
+
+
+class RecordingJournal:
+    """A `DiscoveryJournal` that keeps what it was told."""
+
+    def __init__(self) -> None:
+        self.inserted: list[DiscoveryRecord] = []
+        self.updates: list[tuple[str, dict[str, Any]]] = []
+
+    async def insert_discovery(self, record: DiscoveryRecord) -> None:
+        self.inserted.append(record)
+
+    async def update_discovery(
+        self, operation_id: str, metadata: dict[str, Any], *, final_revision: int, ended_at_ms: int | None
+    ) -> None:
+        self.updates.append((operation_id, metadata))
+
+
+async def ended(timer: VirtualTimer, session: DiscoverySession, *, after_ms: int) -> None:
+    """Move the clock past the window; the session (which still sleeps on the loop) then ends."""
+    await timer.advance(after_ms)
+    with anyio.fail_after(5):
+        await session.finished.wait()
+    await timer.advance(0)  # the runner's bookkeeping after the end (record, claim, schedule)
+
+
+async def _settled(provider: FaultProvider, *, stops: int) -> None:
+    """The background retry's stop call reached the provider."""
+    with anyio.fail_after(5):
+        while provider.stop_calls < stops:
+            await anyio.sleep(0.005)
+    await anyio.wait_all_tasks_blocked()
+
+
+def _claim(manager: DiscoveryManager, operation_id: str) -> SessionClaim:
+    return next(claim for claim in manager.sessions() if claim.operation_id == operation_id)

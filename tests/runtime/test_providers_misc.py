@@ -209,4 +209,4 @@ async def test_the_session_starts_on_the_adapter_its_claim_is_keyed_by() -> None
         polls = await poll_to_end(manager, handle.operation_id)
     assert provider.started_on == ["hci1"]
     assert polls[-1]["status"] == "completed"
-    assert handle.scope.adapter is None  # the session's metadata keeps the scope as it was asked
+    assert handle.session.spec.scope.adapter is None  # the session's metadata keeps the scope as it was asked

@@ -7,16 +7,25 @@ import pytest
 
 from connector.errors import AdmissionError
 from connector.runtime.claims import claim_key
+from connector.runtime.manager import DiscoveryManager
 from providers.faults import HANG, RAISE, Fault, FaultProvider, StopStep
-from tests.runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start
+from tests.runtime.sessions import (
+    assert_valid_polls,
+    cancelled,
+    fast_manager,
+    poll_to_end,
+    start,
+    status_of,
+    waited,
+)
 from tests.runtime.support import ble_scope, strap
 
 STRAPS = [(i * 20, strap(i)) for i in range(5)]
 
 
-async def until_revision(manager: object, operation_id: str) -> dict[str, object]:
+async def until_revision(manager: DiscoveryManager, operation_id: str) -> dict[str, object]:
     """Wait for the first revision (so that cancelling has something to hide)."""
-    status: dict[str, object] = await manager.wait_for_change(operation_id, 0, 2.0)  # type: ignore[attr-defined]
+    status: dict[str, object] = await waited(manager, operation_id, 0, 2.0)
     assert "progress" in status
     return status
 
@@ -27,12 +36,12 @@ async def test_cancel_is_requested_until_the_stop_acknowledges_then_cancelled() 
     async with fast_manager() as manager:
         handle = await start(manager, provider, window_ms=5_000)
         before = await until_revision(manager, handle.operation_id)
-        during = manager.cancel(handle.operation_id)
+        during = await cancelled(manager, handle.operation_id)
         assert during["status"] == "running"
         assert during["cancellation"]["state"] == "requested" and "requested_at" in during["cancellation"]
         assert "progress" not in during and "confirmed_at" not in during["cancellation"]
         assert during["cleanup"] == {"state": "pending", "claim": "held"}
-        again = manager.cancel(handle.operation_id)
+        again = await cancelled(manager, handle.operation_id)
         assert again["cancellation"] == during["cancellation"]
         polls = [before, during, again, *await poll_to_end(manager, handle.operation_id)]
         final = polls[-1]
@@ -43,7 +52,9 @@ async def test_cancel_is_requested_until_the_stop_acknowledges_then_cancelled() 
         assert all("progress" not in p for p in polls[1:])
         assert provider.calls == ["start", "stop", "stop-ack"]
         assert manager.claims.holder(claim_key("ble", None)) is None
-        assert manager.cancel(handle.operation_id) == manager.status(handle.operation_id)
+        assert (await cancelled(manager, handle.operation_id)) == await status_of(
+            manager, handle.operation_id
+        )
         assert_valid_polls(polls)
 
 
@@ -53,7 +64,7 @@ async def test_cancel_whose_stop_raises_is_cancellation_unconfirmed_and_keeps_th
     async with fast_manager(cleanup_retry_initial_s=10.0) as manager:
         handle = await start(manager, provider, window_ms=5_000)
         await until_revision(manager, handle.operation_id)
-        manager.cancel(handle.operation_id)
+        await manager.cancel(handle.operation_id)
         polls = await poll_to_end(manager, handle.operation_id)
         final = polls[-1]
         assert final["status"] == "failed" and final["error"]["code"] == "cancellation-unconfirmed"
@@ -75,7 +86,7 @@ async def test_cancel_whose_stop_hangs_is_bounded_then_a_late_ack_releases_the_c
     async with fast_manager() as manager:
         handle = await start(manager, provider, window_ms=5_000)
         await until_revision(manager, handle.operation_id)
-        manager.cancel(handle.operation_id)
+        await manager.cancel(handle.operation_id)
         polls = await poll_to_end(manager, handle.operation_id)
         final = polls[-1]
         # Terminal although the stop never answers: it was cut (cleanup_timeout_ms), hence uncertain.
@@ -85,7 +96,7 @@ async def test_cancel_whose_stop_hangs_is_bounded_then_a_late_ack_releases_the_c
         with anyio.fail_after(10):
             while manager.claims.holder(claim_key("ble", None)) is not None:
                 await anyio.sleep(0.02)
-        later = manager.status(handle.operation_id)
+        later = await status_of(manager, handle.operation_id)
         assert later["status"] == "failed" and later["error"]["code"] == "cancellation-unconfirmed"
         assert later["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert provider.stop_calls == 3 and provider.acknowledged_stops == 1
@@ -100,7 +111,7 @@ async def test_the_background_retry_outlives_the_callers_interest() -> None:
     async with fast_manager() as manager:
         handle = await start(manager, provider, window_ms=5_000)
         await until_revision(manager, handle.operation_id)
-        manager.cancel(handle.operation_id)
+        await manager.cancel(handle.operation_id)
         # Nobody polls any more (the caller lost its grant, say); the claim is still released eventually.
         with anyio.fail_after(10):
             while manager.claims.holder(claim_key("ble", None)) is not None:
@@ -113,7 +124,7 @@ async def test_cancel_while_pending_ends_cancelled_once_the_started_session_stop
     provider = FaultProvider(STRAPS, fault=Fault(start_delay_ms=100))
     async with fast_manager() as manager:
         handle = await start(manager, provider, window_ms=5_000)
-        during = manager.cancel(handle.operation_id)
+        during = await cancelled(manager, handle.operation_id)
         assert during["status"] == "pending" and during["cancellation"]["state"] == "requested"
         polls = [during, *await poll_to_end(manager, handle.operation_id)]
         assert polls[-1]["status"] == "cancelled"
@@ -150,7 +161,7 @@ async def test_a_cancel_during_the_final_stop_of_a_window_end_wins() -> None:
         with anyio.fail_after(10):
             while provider.stop_calls == 0:
                 await anyio.sleep(0.01)
-        during = manager.cancel(handle.operation_id)
+        during = await cancelled(manager, handle.operation_id)
         assert during["status"] == "running" and "progress" not in during
         polls = [during, *await poll_to_end(manager, handle.operation_id)]
         assert polls[-1]["status"] == "cancelled"

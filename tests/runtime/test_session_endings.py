@@ -9,7 +9,14 @@ from connector.contract.canonical import canonical_bytes
 from connector.errors import ProviderUnavailable
 from connector.runtime.claims import claim_key
 from providers.faults import HANG, RAISE, Fault, FaultProvider, StopStep
-from tests.runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start, with_profile
+from tests.runtime.sessions import (
+    assert_valid_polls,
+    fast_manager,
+    poll_to_end,
+    start,
+    status_of,
+    with_profile,
+)
 from tests.runtime.support import ble_scope, other_tasks, strap
 
 STRAPS = [(i * 20, strap(i)) for i in range(5)]
@@ -147,7 +154,7 @@ async def test_a_session_is_pending_until_its_provider_started() -> None:
     provider = FaultProvider(STRAPS, fault=Fault(start_delay_ms=150))
     async with fast_manager() as manager:
         handle = await start(manager, provider, window_ms=400)
-        first = manager.status(handle.operation_id)
+        first = await status_of(manager, handle.operation_id)
         assert first["status"] == "pending" and "progress" not in first
         assert first["retry_after_seconds"] >= 1
         polls = [first, *await poll_to_end(manager, handle.operation_id)]
@@ -168,7 +175,7 @@ async def test_a_provider_restart_mid_session_fails_and_drops_the_generation() -
         assert "progress" not in final and "result" not in final
         assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
         seen = [p for p in polls if "progress" in p][-1]["progress"]["snapshot"]["candidates"]
-        assert all(handle.binding_target(c["candidate/ref"]) is None for c in seen)
+        assert all(handle.session.table.binding_target(c["candidate/ref"]) is None for c in seen)
         assert provider.acknowledged_stops == 1
         assert_valid_polls(polls)
 
@@ -200,8 +207,11 @@ async def test_expired_when_expires_at_passes_and_the_stop_still_bounded() -> No
         with anyio.fail_after(10):
             while manager.claims.holder(claim_key("ble", None)) is not None:
                 await anyio.sleep(0.02)
-        assert manager.status(handle.operation_id)["cleanup"] == {"state": "confirmed", "claim": "released"}
-        assert manager.status(handle.operation_id)["status"] == "expired"
+        assert (await status_of(manager, handle.operation_id))["cleanup"] == {
+            "state": "confirmed",
+            "claim": "released",
+        }
+        assert (await status_of(manager, handle.operation_id))["status"] == "expired"
 
 
 @pytest.mark.asyncio

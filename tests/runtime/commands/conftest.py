@@ -5,14 +5,17 @@ from __future__ import annotations
 import importlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import anyio
 
+from connector.core.clock import from_ms
 from connector.core.commands import CommandAction
 from connector.runtime.commands import CommandRunner
 from connector.storage.state import ConnectorState
+from connector.timer import VirtualTimer
 
 PROGRAMS = Path(__file__).with_name("programs.py")
 TERMINAL = {"completed", "failed", "timed-out", "cancelled", "expired", "unknown"}
@@ -53,6 +56,7 @@ async def wait_terminal(runner: CommandRunner, op_id: str, timeout: float = 20.0
     with anyio.fail_after(timeout):
         while True:
             doc = await runner.status(op_id)
+            assert doc is not None, "the runner does not know the operation"
             check_status_shape(doc)
             if doc["status"] in TERMINAL:
                 return doc
@@ -89,3 +93,42 @@ def pid_alive(pid: int) -> bool:
             return handle.read().split(") ")[1][0] != "Z"
     except FileNotFoundError:
         return False
+
+
+async def status_of(runner: CommandRunner, op_id: str) -> dict[str, Any]:
+    """The status of an operation the runner stored."""
+    doc = await runner.status(op_id)
+    assert doc is not None, "the runner does not know the operation"
+    return doc
+
+
+async def cancel_status(runner: CommandRunner, op_id: str) -> dict[str, Any]:
+    """The status after a cancel of an operation the runner stored."""
+    answer = await runner.cancel(op_id)
+    assert answer is not None, "the runner does not know the operation"
+    return answer[1]
+
+
+async def sync_call(
+    runner: CommandRunner,
+    answers: list[dict[str, Any]],
+    op_id: str,
+    action: CommandAction,
+    now: datetime,
+    **kw: Any,
+) -> None:
+    """One sync submission, run as a task while the test moves the timer; its answer lands in `answers`."""
+    answers.append(await runner.submit(op_id, "victim", action, {}, "sync", now, **kw))
+
+
+async def answered(answers: list[dict[str, Any]], timeout: float = 15.0) -> dict[str, Any]:
+    """The sync answer, once the runner has reaped the real process behind it."""
+    with anyio.fail_after(timeout):
+        while not answers:
+            await anyio.sleep(0.01)
+    return answers[0]
+
+
+def virtual_now(timer: VirtualTimer) -> datetime:
+    """The virtual now as the runner stores it."""
+    return from_ms(timer.now_ms())

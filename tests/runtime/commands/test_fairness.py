@@ -4,15 +4,25 @@
 from __future__ import annotations
 
 import base64
-import time
-from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from connector.runtime.commands import FairSlots
-from tests.runtime.commands.conftest import program_action, running, wait_for_file, wait_terminal
+from connector.timer import VirtualTimer
+from tests.runtime.commands.conftest import (
+    answered,
+    program_action,
+    running,
+    status_of,
+    sync_call,
+    virtual_now,
+    wait_for_file,
+    wait_terminal,
+)
 
 OP = "deferred:sensorium.directive.invoke:"
 
@@ -36,17 +46,17 @@ async def test_a_freed_worker_goes_to_the_waiting_principal_not_to_the_hog() -> 
     async with anyio.create_task_group() as group:
         for owner in ("hog", "hog", "victim", "hog"):
             group.start_soon(take, owner)
-            await anyio.sleep(0.01)
+            await anyio.wait_all_tasks_blocked()
         slots.release("hog")
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()
         assert order == ["victim"]  # the hog is at half the workers while another principal waits
         slots.release("hog")
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()
         assert order == ["victim", "hog"]
         slots.release("victim")
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()
         slots.release("hog")
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()
         assert order == ["victim", "hog", "hog", "hog"]  # nobody else waits: the hog gets both again
         assert slots.busy("hog") == 2
 
@@ -68,53 +78,65 @@ async def test_a_cancelled_waiter_gives_its_turn_away() -> None:
 
     async with anyio.create_task_group() as group:
         group.start_soon(cancelled_take)
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()
         group.start_soon(take, "b")
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()
         scope.cancel()
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()
         slots.release("a")
-        await anyio.sleep(0.01)
+        await anyio.wait_all_tasks_blocked()
         assert got == ["b"] and slots.busy("c") == 0 and slots.busy("b") == 1
         slots.release("b")
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # the hog's programs are real processes; every deadline is on the virtual timer
 async def test_a_sync_call_still_queued_at_its_timeout_is_deadline_exceeded(tmp_path: Path) -> None:
     """Both workers are held by another principal's long work: the victim answers at its timeout."""
-    async with running(tmp_path, max_workers=2) as (_, runner):
+    timer = VirtualTimer()
+    async with running(tmp_path, max_workers=2, timer=timer) as (_, runner), anyio.create_task_group() as tg:
         for n in (1, 2):
             long = program_action("sleep", str(tmp_path / f"m{n}"), "30", execution_mode_support="either")
-            await runner.submit(op_id(n), "hog", long, {}, "async", datetime.now(UTC))
+            await runner.submit(op_id(n), "hog", long, {}, "async", virtual_now(timer))
         for n in (1, 2):  # each hog run wrote its marker: both workers are held before the victim queues
             await wait_for_file(tmp_path / f"m{n}")
         quick = program_action("nan", execution_mode_support="either")
-        started = time.monotonic()
-        with anyio.fail_after(10):
-            answer = await runner.submit(
-                op_id(3), "victim", quick, {}, "sync", datetime.now(UTC), timeout_ms=1000
-            )
-        waited = time.monotonic() - started
-        assert answer["status"] == "failed" and answer["error"]["code"] == "deadline-exceeded"
-        assert 0.9 <= waited < 10  # bounded by its own timeout, not by the hog's 30 s work
+        answers: list[dict[str, Any]] = []
+        tg.start_soon(
+            partial(sync_call, runner, answers, op_id(3), quick, virtual_now(timer), timeout_ms=1000)
+        )
+        await timer.advance(999)
+        queued = await status_of(runner, op_id(3))
+        assert answers == [] and queued["status"] == "pending", "still queued, within its budget"
+        await timer.advance(1)
+        assert [(a["status"], a["error"]["code"]) for a in answers] == [("failed", "deadline-exceeded")]
         status = await wait_terminal(runner, op_id(3))
         assert (status["status"], status["error"]["code"]) == ("failed", "deadline-exceeded")
+        assert [(await status_of(runner, op_id(n)))["status"] for n in (1, 2)] == ["running", "running"]
         for n in (1, 2):
             await runner.cancel(op_id(n))
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real processes; the budget and the queue wait are measured on the virtual timer
 async def test_the_queue_wait_counts_against_a_sync_budget(tmp_path: Path) -> None:
     """A sync call that got a worker late has only what is left of its `timeout_ms` to run."""
-    async with running(tmp_path, max_workers=1) as (_, runner):
-        blocker = program_action("sleep", str(tmp_path / "b"), "3", execution_mode_support="either")
-        await runner.submit(op_id(4), "other", blocker, {}, "async", datetime.now(UTC))
+    timer = VirtualTimer()
+    async with running(tmp_path, max_workers=1, timer=timer) as (_, runner), anyio.create_task_group() as tg:
+        blocker = program_action("sleep", str(tmp_path / "b"), "30", execution_mode_support="either")
+        await runner.submit(op_id(4), "other", blocker, {}, "async", virtual_now(timer))
         await wait_for_file(tmp_path / "b")
-        slow = program_action("sleep", str(tmp_path / "s"), "2", execution_mode_support="either")
-        with anyio.fail_after(15):
-            answer = await runner.submit(
-                op_id(5), "victim", slow, {}, "sync", datetime.now(UTC), timeout_ms=4000
-            )
-        # Alone it would finish (2 s < 4 s); queued behind the 3 s blocker it has < 2 s left, however late
-        # this call reached the queue (up to 1 s after the blocker's marker).
-        assert answer["status"] == "failed" and answer["error"]["code"] == "deadline-exceeded"
+        slow = program_action("sleep", str(tmp_path / "s"), "30", execution_mode_support="either")
+        answers: list[dict[str, Any]] = []
+        tg.start_soon(
+            partial(sync_call, runner, answers, op_id(5), slow, virtual_now(timer), timeout_ms=4000)
+        )
+        await timer.advance(3000)  # three seconds in the queue behind the blocker
+        assert (await status_of(runner, op_id(5)))["status"] == "pending"
+        await runner.cancel(op_id(4))  # the worker is free: the victim runs with 1 s of its 4 s left
+        await wait_for_file(tmp_path / "s")
+        await timer.advance(999)
+        assert answers == [] and (await status_of(runner, op_id(5)))["status"] == "running"
+        await timer.advance(1)
+        answer = await answered(answers)  # the real process is terminated and reaped
+        assert (answer["status"], answer["error"]["code"]) == ("failed", "deadline-exceeded")

@@ -11,7 +11,9 @@ import subprocess
 import sys
 import time
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
@@ -21,12 +23,18 @@ from connector.core.commands import CommandAction
 from connector.errors import SensoriumError
 from connector.runtime.commands import CommandRunner
 from connector.storage.state import STATE_RELATIVE_PATH, ConnectorState
+from connector.timer import VirtualTimer
 from tests.runtime.commands.conftest import (
+    answered,
+    cancel_status,
     check_status_shape,
     contract_violations,
     pid_alive,
     program_action,
     running,
+    status_of,
+    sync_call,
+    virtual_now,
     wait_for_file,
     wait_terminal,
 )
@@ -168,43 +176,62 @@ async def test_spawn_failure_is_command_failed(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # a real process; its budget is on the virtual timer
 async def test_timeout_terminates_and_reports_timed_out(tmp_path: Path) -> None:
     marker = tmp_path / "slept.pid"
     sleeper = program_action("sleep", str(marker), "30", timeout_ms=2000)
-    async with running(tmp_path) as (state, runner):
-        started = time.monotonic()
-        doc = await runner.submit(op_id(10), "alice", sleeper, {}, "sync", now())
-        assert time.monotonic() - started < 20  # a sanity cap, below the sleep's 30 s
+    timer = VirtualTimer()
+    async with running(tmp_path, timer=timer) as (state, runner), anyio.create_task_group() as tg:
+        answers: list[dict[str, Any]] = []
+        tg.start_soon(sync_call, runner, answers, op_id(10), sleeper, virtual_now(timer))
+        await wait_for_file(marker)
+        await timer.advance(1999)
+        assert answers == [] and (await status_of(runner, op_id(10)))["status"] == "running"
+        await timer.advance(1)
+        doc = await answered(answers)
         assert doc["status"] == "failed" and doc["error"]["code"] == "deadline-exceeded"
         stored = await state.get_operation(op_id(10))
         assert stored is not None and stored.status == "timed-out"
         assert not pid_alive(int(marker.read_text()))
-        status = await runner.status(op_id(10))
+        status = await status_of(runner, op_id(10))
         check_status_shape(status)
         assert status["status"] == "timed-out" and status["error"]["code"] == "deadline-exceeded"
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # a real process; its budget is on the virtual timer
 async def test_directive_timeout_narrows_the_catalog_budget(tmp_path: Path) -> None:
     marker = tmp_path / "slept.pid"
     sleeper = program_action("sleep", str(marker), "30", timeout_ms=20000)
-    async with running(tmp_path) as (_, runner):
-        with anyio.fail_after(10):
-            doc = await runner.submit(op_id(11), "alice", sleeper, {}, "sync", now(), timeout_ms=300)
-    assert doc["error"]["code"] == "deadline-exceeded"
+    timer = VirtualTimer()
+    async with running(tmp_path, timer=timer) as (_, runner), anyio.create_task_group() as tg:
+        answers: list[dict[str, Any]] = []
+        tg.start_soon(
+            partial(sync_call, runner, answers, op_id(11), sleeper, virtual_now(timer), timeout_ms=300)
+        )
+        await wait_for_file(marker)
+        await timer.advance(299)
+        assert answers == []
+        await timer.advance(1)
+        assert (await answered(answers))["error"]["code"] == "deadline-exceeded"
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # a real process; its expiry is on the virtual timer
 async def test_expiry_ends_running_work(tmp_path: Path) -> None:
     marker = tmp_path / "slept.pid"
     sleeper = program_action("sleep", str(marker), "30")
-    async with running(tmp_path) as (_, runner):
-        start = now()
+    timer = VirtualTimer()
+    async with running(tmp_path, timer=timer) as (_, runner):
+        start = virtual_now(timer)
         handle = await runner.submit(
             op_id(12), "alice", sleeper, {}, "async", start, expires_at=start + timedelta(milliseconds=2500)
         )
         assert handle["fail_after_seconds"] == 3
         await wait_for_file(marker)
+        await timer.advance(2499)
+        assert (await status_of(runner, op_id(12)))["status"] == "running"
+        await timer.advance(1)
         final = await wait_terminal(runner, op_id(12))
         assert final["status"] == "expired"
         assert final["error"]["code"] == "expired"
@@ -244,16 +271,16 @@ async def test_concurrency_is_bounded_and_queued_work_cancels_at_once(tmp_path: 
             )
         await wait_for_file(markers[0])
         await wait_for_file(markers[1])
-        assert (await runner.status(op_id(20)))["status"] == "running"
-        queued = await runner.status(op_id(22))
+        assert (await status_of(runner, op_id(20)))["status"] == "running"
+        queued = await status_of(runner, op_id(22))
         check_status_shape(queued)
         assert queued["status"] == "pending" and queued["retry_after_seconds"] == 1
         with anyio.fail_after(10):
-            cancelled = await runner.cancel(op_id(22))
+            cancelled = await cancel_status(runner, op_id(22))
         check_status_shape(cancelled)
         assert cancelled["status"] == "cancelled" and "error" not in cancelled
         for i in (20, 21):
-            assert (await runner.cancel(op_id(i)))["status"] == "cancelled"
+            assert (await cancel_status(runner, op_id(i)))["status"] == "cancelled"
         await anyio.sleep(0.3)
         assert not markers[2].exists()  # the cancelled queued work never started
 
@@ -267,7 +294,7 @@ async def test_cancel_running_sigterm(tmp_path: Path) -> None:
         )
         pid = int(await wait_for_file(marker))
         started = time.monotonic()
-        doc = await runner.cancel(op_id(30))
+        doc = await cancel_status(runner, op_id(30))
         assert time.monotonic() - started < 12  # SIGTERM was enough: no wait for the SIGKILL bound (25 s)
         assert doc["status"] == "cancelled"
         assert not pid_alive(pid)
@@ -284,13 +311,13 @@ async def test_cancel_running_program_ignoring_sigterm_gets_sigkill(tmp_path: Pa
         )
         pid = int(await wait_for_file(marker))
         started = time.monotonic()
-        doc = await runner.cancel(op_id(31))
+        doc = await cancel_status(runner, op_id(31))
         elapsed = time.monotonic() - started
         assert doc["status"] == "cancelled"
         assert 0.5 <= elapsed < 5  # it survived SIGTERM for the whole grace period
         assert not pid_alive(pid)
         # A terminal operation answers its unchanged status.
-        assert await runner.cancel(op_id(31)) == doc
+        assert await runner.cancel(op_id(31)) == (False, doc)
 
 
 @pytest.mark.asyncio
@@ -304,20 +331,20 @@ async def test_not_cancelable(tmp_path: Path) -> None:
         contract_violations("sensorium-connector-deferred.v1", handle)
         await wait_for_file(marker)
         with pytest.raises(SensoriumError) as refused:
-            await runner.cancel(op_id(32))
+            await runner.cancel(op_id(32))  # refused: not an answer
         assert refused.value.code == "not-cancelable" and refused.value.http_status == 409
         final = await wait_terminal(runner, op_id(32))
         assert final["status"] == "completed" and final["result"]["json"] == {"slept": True}
-        assert (await runner.cancel(op_id(32)))["status"] == "completed"
+        assert (await cancel_status(runner, op_id(32)))["status"] == "completed"
 
 
 @pytest.mark.asyncio
 async def test_unknown_operation(tmp_path: Path) -> None:
     async with running(tmp_path) as (_, runner):
-        for call in (runner.status, runner.cancel):
-            with pytest.raises(SensoriumError) as refused:
-                await call(op_id(99))
-            assert refused.value.code == "unknown-operation"
+        assert await runner.status(op_id(99)) is None
+        assert await runner.status(op_id(99), wait_s=5.0) is None
+        assert await runner.cancel(op_id(99)) is None
+        assert await runner.observe(op_id(99)) is None
 
 
 @pytest.mark.asyncio
@@ -368,8 +395,7 @@ async def test_purge_forgets_old_terminal_rows(tmp_path: Path) -> None:
         await runner.submit(op_id(44), "alice", OS_INFO, {}, "sync", now())
         assert await runner.purge(now()) == 0
         assert await runner.purge(now() + timedelta(days=8)) == 1
-        with pytest.raises(SensoriumError):
-            await runner.status(op_id(44))
+        assert await runner.status(op_id(44)) is None
 
 
 CRASHING_HOST = """
@@ -418,7 +444,7 @@ async def test_restart_recovery_after_kill_9(tmp_path: Path, repo_root: Path) ->
         assert before[op_id(52)] in ("pending", "running", "completed")
         interrupted = await runner.recover(now())
         assert op_id(51) in interrupted and op_id(50) not in interrupted
-        status = await runner.status(op_id(51))
+        status = await status_of(runner, op_id(51))
         check_status_shape(status)
         assert status["status"] == "failed" and status["error"]["code"] == "interrupted-by-restart"
         assert all(op.input_json is None for op in await state.list_operations())
