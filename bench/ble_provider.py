@@ -12,7 +12,7 @@ dbus-daemon. Every figure is a ratio or a difference against a baseline measured
    Target: <= bare + 10 ms.
 4. A qualified proof (StopDiscovery never answered): `stop()` duration minus `cleanup_timeout_ms`.
    Target: <= 500 ms.
-5. From a signal on the bus to its candidate in a long poll (`wait_for_change`). Target: median <=
+5. From a signal on the bus to its candidate in a long poll (`DiscoveryManager.status`). Target: median <=
    `min_revision_interval_ms` + 50 ms.
 6. With the controller's duplicate filter on (the emulator's default: one report per device per scan, a
    10.24 s cycle), a session joining one that already hears a steady device (advertising every 50 ms):
@@ -50,8 +50,9 @@ from dbus_fast.aio import MessageBus  # noqa: E402
 from connector.core.admission import SessionSpec  # noqa: E402
 from connector.core.clock import wall_clock_ms  # noqa: E402
 from connector.core.ids import OPERATION_KIND, random_operation_id  # noqa: E402
+from connector.core.lifecycle import Status  # noqa: E402
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter  # noqa: E402
-from connector.runtime.manager import DiscoveryManager  # noqa: E402
+from connector.runtime.manager import DiscoveryManager, ScanAdmission  # noqa: E402
 from providers.ble import BleProvider, BleSession, discovery_filters  # noqa: E402
 from tests.providers.bluez_mock import BluezController, BluezEmulator  # noqa: E402
 
@@ -125,10 +126,19 @@ async def start_scan(manager: DiscoveryManager, provider: BleProvider, window_ms
         causal_context=None,
         retry_after_seconds=1,
     )
-    await manager.start_scan(spec, provider)
-    while manager.status(operation_id)["status"] == "pending":
+    session = await manager.admit(ScanAdmission(spec, provider))
+    while session.status is Status.PENDING:
         await asyncio.sleep(0.01)
     return operation_id
+
+
+async def changed(
+    manager: DiscoveryManager, operation_id: str, after: int | None, wait_s: float
+) -> dict[str, Any]:
+    """The long-polled status of the bench's scan."""
+    status = await manager.status(operation_id, after=after, wait_s=wait_s)
+    assert status is not None
+    return status
 
 
 def worker_pid(manager: DiscoveryManager, operation_id: str) -> int:
@@ -137,9 +147,7 @@ def worker_pid(manager: DiscoveryManager, operation_id: str) -> int:
     return session.worker_pid
 
 
-async def connector_cpu_ns(
-    bluez: BluezController, signals: int, rate: float
-) -> tuple[int, float, int]:
+async def connector_cpu_ns(bluez: BluezController, signals: int, rate: float) -> tuple[int, float, int]:
     """Connector CPU (this process + worker) for one stream, the wall time it took, the worker's part."""
     async with DiscoveryManager() as manager:
         operation_id = await start_scan(manager, BleProvider(), window_ms=600_000)
@@ -150,8 +158,8 @@ async def connector_cpu_ns(
         worker = task_cpu_ns(pid) - worker
         spent = time.process_time_ns() - own + worker
         wall = time.monotonic() - wall
-        manager.cancel(operation_id)
-        await manager.wait_for_change(operation_id, None, 10)  # after a cancel: returns once terminal
+        await manager.cancel(operation_id)
+        await changed(manager, operation_id, None, 10)  # after a cancel: returns once terminal
     return spent, wall, worker
 
 
@@ -264,17 +272,17 @@ async def bench_latency(bluez: BluezController, samples: int) -> None:
         for i in range(samples):
             await asyncio.sleep(random.uniform(0.05, 0.6))
             address = f"C0:FF:EE:01:00:{i:02X}"
-            waiting = asyncio.ensure_future(manager.wait_for_change(operation_id, revision, 5.0))
+            waiting = asyncio.ensure_future(changed(manager, operation_id, revision, 5.0))
             await asyncio.sleep(0)
             sent = time.perf_counter()
             bluez.advertise(address, rssi=-50, name=f"lat-{i}", service_uuids=[HEART])
             status = await waiting
             while f"lat-{i}" not in str(status.get("progress")):
-                status = await manager.wait_for_change(operation_id, status["progress"]["revision"], 5.0)
+                status = await changed(manager, operation_id, status["progress"]["revision"], 5.0)
             latencies.append((time.perf_counter() - sent) * 1000)
             revision = status["progress"]["revision"]
-        manager.cancel(operation_id)
-        await manager.wait_for_change(operation_id, None, 10)  # after a cancel: returns once terminal
+        await manager.cancel(operation_id)
+        await changed(manager, operation_id, None, 10)  # after a cancel: returns once terminal
     print(
         f"5 signal -> candidate in a long poll: median {statistics.median(latencies):.1f} ms, "
         f"max {max(latencies):.1f} ms (target median <= {PROFILE.min_revision_interval_ms + 50} ms)"

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from connector.core.ids import OPERATION_KIND, random_operation_id
+from connector.runtime.session import DiscoverySession
 from connector.storage.principals import principals_path, revoke
 from tests.api.support import (
     CANARY,
@@ -28,7 +29,7 @@ from tests.api.support import (
     harness,
     straps,
 )
-from tests.runtime.sessions import until_terminal
+from tests.runtime.sessions import metadata_of, status_of, until_terminal
 from tests.support.directives import scan_directive
 from tests.support.waiting import wait_until
 
@@ -179,7 +180,7 @@ async def _running_scan(h: Harness, who: str = "alice") -> tuple[str, str]:
 
 async def _assert_ended_by_revocation(h: Harness, factory: RecordingFactory, op_id: str) -> None:
     await until_terminal(h.assembled.discovery, op_id, 5.0)
-    metadata = h.assembled.discovery.metadata(op_id)
+    metadata = metadata_of(h.assembled.discovery, op_id)
     assert metadata["status"] == "failed" and metadata["error_code"] == "grant-revoked"
     assert metadata["cleanup"] == {"state": "confirmed", "claim": "released"}
     assert factory.acknowledged_stops == 1
@@ -220,7 +221,7 @@ async def test_the_principals_watch_needs_no_request(tmp_path: Path) -> None:
         async with anyio.create_task_group() as group:
             group.start_soon(h.assembled.service.watch_principals, 0.05)
             revoke(h.data_dir, "alice", SCAN)
-            await wait_until(lambda: h.assembled.discovery.handle(op_id).status.value == "failed")
+            await wait_until(lambda: _session(h, op_id).status.value == "failed")
             group.cancel_scope.cancel()
         await _assert_ended_by_revocation(h, factory, op_id)
 
@@ -261,5 +262,11 @@ async def test_a_revocation_erases_completed_candidates_in_the_runtime(tmp_path:
     async with harness(tmp_path, factory=RecordingFactory(straps(2), concurrent=True)) as h:
         f = await _completed_with_binding(h)
         h.assembled.discovery.revoke_owner("alice", action_id=SCAN)
-        assert candidates_of(h.assembled.discovery.status(f.op_id)) == []
-        assert h.assembled.discovery.handle(f.op_id).candidate_document(f.ref) is None
+        assert candidates_of(await status_of(h.assembled.discovery, f.op_id)) == []
+        assert _session(h, f.op_id).table.candidate_document(f.ref) is None
+
+
+def _session(h: Harness, op_id: str) -> DiscoverySession:
+    session = h.assembled.discovery.session(op_id)
+    assert session is not None
+    return session

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.api.support import REDACT, RecordingFactory, harness, straps
+from tests.runtime.sessions import metadata_of
 from tests.support.clocks import OffsetClock
 from tests.support.directives import command_directive, scan_directive
 
@@ -28,7 +29,7 @@ async def test_scans_and_commands_are_stamped_by_the_injected_clock(tmp_path: Pa
         ]
         scanned = (await h.poll("alice", scan))[-1]
         commanded = (await h.poll("alice", command))[-1]
-        metadata = h.assembled.discovery.metadata(scan.rsplit("/", 1)[1])
+        metadata = metadata_of(h.assembled.discovery, scan.rsplit("/", 1)[1])
     assert (scanned["status"], commanded["status"]) == ("completed", "completed")
     # The wall clock is two hours ahead of the injected one: every stamp follows the injected clock.
     ahead = datetime.now(UTC) - BEHIND / 2

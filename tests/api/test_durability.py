@@ -66,7 +66,7 @@ async def test_the_record_is_written_before_the_202_and_no_record_means_no_work(
         starts = factory.starts
         refused = await h.invoke("alice", scan_directive(1, key="second"))
         assert_error(refused, 500, "internal")
-        assert factory.starts == starts and h.assembled.discovery.active_operations("alice") == 0
+        assert factory.starts == starts and h.assembled.discovery.active_count() == 0
         assert len(list(h.assembled.discovery.operation_ids())) == 1  # the refused one is gone
         # The key was not taken: a later admission with it starts normally.
         monkeypatch.setattr(state, "insert_discovery", original)
@@ -134,7 +134,7 @@ async def test_an_erased_session_leaves_memory_and_its_record_answers_the_same(t
         polls = await h.poll("alice", accepted.headers["location"])
         completed = polls[-1]
         assert completed["status"] == "completed" and len(candidates_of(completed)) == 3
-        await wait_until(lambda: h.assembled.discovery.find(op_id) is None, timeout=10)
+        await wait_until(lambda: h.assembled.discovery.session(op_id) is None, timeout=10)
         after = (await h.get("alice", accepted.headers["location"])).json()
         assert after["result"]["candidates"] == [] and "erased_at" in after["result"]
         expected = {k: v for k, v in completed.items() if k != "progress"}

@@ -14,6 +14,7 @@ from connector.core.clock import parse_time
 from connector.core.policy import DeferredHostPolicy
 from connector.storage.principals import revoke
 from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog, terminal
+from tests.runtime.commands.conftest import status_of
 from tests.runtime.sessions import until_terminal
 from tests.support.directives import command_directive, scan_directive
 from tests.support.principals import bearer
@@ -96,7 +97,7 @@ async def test_an_operation_the_connector_forgot_becomes_unknown(tmp_path: Path)
         directive = command_directive("whisper.redaction.prepare", input={"text": "call +48 601 234 567"})
         accepted = await client.post("/v1/host/directives", json=directive, headers=bearer(tokens.alice))
         op_id = accepted.json()["operation/id"]
-        done = await assembled.commands.wait_status(op_id, 15)
+        done = await status_of(assembled.commands, op_id, 15)
         assert done["status"] == "completed"
         # Purge as of a moment after the row's own last update (recorded state, not the wall clock, which
         # can still read the same millisecond as that update).
@@ -145,7 +146,7 @@ async def test_a_command_status_over_the_size_limit_ends_failed(tmp_path: Path) 
             "/v1/host/directives", json=command_directive("test.flood"), headers=bearer(tokens.alice)
         )
         op_id = accepted.json()["operation/id"]
-        assert (await assembled.commands.wait_status(op_id, 15))["status"] == "completed"
+        assert (await status_of(assembled.commands, op_id, 15))["status"] == "completed"
         answer = await client.get(accepted.json()["status_href"], headers=bearer(tokens.alice))
         body = answer.json()
         check("deferred-operation-status.v1", body)
@@ -189,13 +190,13 @@ async def test_cancel_of_commands_is_bridged_only_where_a_cancel_href_exists(tmp
         refused = await client.post(f"{handle['status_href']}/cancel", headers=bearer(tokens.alice))
         assert refused.status_code == 409 and refused.json()["code"] == "not-cancelable"
         assert refused.json()["message"] == handle["cancel/unavailable-reason"]
-        still = await assembled.commands.status(handle["operation/id"])
+        still = await status_of(assembled.commands, handle["operation/id"])
         assert still["status"] in ("pending", "running")
         slow = await client.post(
             "/v1/host/directives", json=command_directive("test.slow"), headers=bearer(tokens.alice)
         )
         with anyio.fail_after(10):
-            while (await assembled.commands.status(slow.json()["operation/id"]))["status"] != "running":
+            while (await status_of(assembled.commands, slow.json()["operation/id"]))["status"] != "running":
                 await anyio.sleep(0.05)
         cancelled = await client.post(slow.json()["cancel_href"], headers=bearer(tokens.alice))
         assert cancelled.status_code == 200

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from connector.service.connector import MAX_WAIT_SECONDS
+from connector.core.policy import MAX_WAIT_SECONDS
 from tests.api.support import (
     REDACT,
     SCAN,
@@ -101,13 +101,14 @@ async def test_w_above_30_is_clamped(tmp_path: Path, monkeypatch: pytest.MonkeyP
     async with harness(tmp_path, factory=RecordingFactory([(0, strap(0))])) as h:
         seen: list[float] = []
         discovery = h.assembled.discovery
-        original = discovery.wait_for_change
+        original = discovery.status
 
-        async def spy(op_id: str, after: int | None, timeout_s: float) -> dict[str, Any]:
-            seen.append(timeout_s)
-            return await original(op_id, after, timeout_s)
+        async def spy(op_id: str, *, after: int | None = None, wait_s: float = 0.0) -> dict[str, Any] | None:
+            if wait_s:
+                seen.append(wait_s)
+            return await original(op_id, after=after, wait_s=wait_s)
 
-        monkeypatch.setattr(discovery, "wait_for_change", spy)
+        monkeypatch.setattr(discovery, "status", spy)
         location = (await h.invoke("alice", scan_directive(1))).headers["location"]
         await h.poll("alice", location)
         for asked in (31, 3600, 10**9):

@@ -130,5 +130,5 @@ class EndsBeforeTheHostLooks(InProcessConnector):
             kind = self.service.catalog.actions[answer.handle["action_id"]].action_class
             with anyio.fail_after(30):
                 while (seen := await self.observe(op_id, kind)) is None or seen.status not in TERMINAL:
-                    await self.runtimes[kind].wait(op_id, None, 5.0)
+                    await self.service.runtimes[kind].status(op_id, wait_s=5.0)
         return answer

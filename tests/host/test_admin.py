@@ -11,6 +11,7 @@ import pytest
 
 from connector.contract.canonical import sha256_hex
 from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog, terminal
+from tests.runtime.commands.conftest import status_of
 from tests.support.directives import command_directive, scan_directive
 from tests.support.principals import bearer
 
@@ -181,7 +182,7 @@ async def test_operator_cancel_is_bridged_where_cancelable(tmp_path: Path) -> No
             f"{ADMIN}/{stubborn.json()['operation/id']}/cancel", headers=bearer(tokens.operator)
         )
         assert refused.status_code == 409 and refused.json()["code"] == "not-cancelable"
-        assert (await assembled.commands.status(stubborn.json()["operation/id"]))["status"] in (
+        assert (await status_of(assembled.commands, stubborn.json()["operation/id"]))["status"] in (
             "pending",
             "running",
         )

@@ -13,6 +13,7 @@ from connector.assembly import ConnectorConfig, provider_factory
 from connector.host.continuations import Resumption
 from providers.base import Provider
 from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog
+from tests.runtime.commands.conftest import status_of
 from tests.support.directives import command_directive, scan_directive
 from tests.support.principals import bearer
 
@@ -70,9 +71,9 @@ async def test_a_restart_interrupts_discovery_mirrors_commands_and_restarts_noth
             quick["operation/id"], {**flow_continuation(), "deferred_operation_id": quick["operation/id"]}
         )
         with anyio.fail_after(15):
-            while (await assembled.commands.status(slow["operation/id"]))["status"] != "running":
+            while (await status_of(assembled.commands, slow["operation/id"]))["status"] != "running":
                 await anyio.sleep(0.05)
-        assert (await assembled.commands.wait_status(quick["operation/id"], 15))["status"] == "completed"
+        assert (await status_of(assembled.commands, quick["operation/id"], 15))["status"] == "completed"
         quick_row = await assembled.registry.get(quick["operation/id"])
         assert quick_row is not None and quick_row.status in (
             "pending",

@@ -30,7 +30,7 @@ from connector.core.admission import SessionSpec
 from connector.core.clock import wall_clock_ms
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter
-from connector.runtime.manager import DiscoveryManager
+from connector.runtime.manager import DiscoveryManager, ScanAdmission
 from providers.mdns import MdnsProvider
 
 _ETH_P_ALL = 0x0003
@@ -141,10 +141,11 @@ async def scan(manager: DiscoveryManager, provider: MdnsProvider, command: dict[
         causal_context=None,
         retry_after_seconds=1,
     )
-    handle = await manager.start_scan(spec, provider)
+    await manager.admit(ScanAdmission(spec, provider))
     revision = 0
     while True:
-        status = await manager.wait_for_change(handle.operation_id, revision, 1.0)
+        status = await manager.status(spec.operation_id, after=revision, wait_s=1.0)
+        assert status is not None  # the manager holds its sessions until it is left
         progress = status.get("progress")
         revision = max(revision, progress["revision"] if progress else 0)
         emit({"id": command["id"], "t": round(time.monotonic() - started, 3), "status": status})

@@ -28,10 +28,11 @@ from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter
 from connector.errors import AdmissionError
 from connector.runtime.claims import claim_key
-from connector.runtime.manager import DiscoveryManager
+from connector.runtime.manager import DiscoveryManager, ScanAdmission
 from providers.base import ObservationSink, ProviderSession, settle
 from providers.ble import BleProvider, BleSession
 from tests.providers.bluez_mock import BluezController, RecordingSink, bluez, every_advert
+from tests.runtime.sessions import cancelled, status_of
 from tests.support.waiting import poll
 
 __all__ = ["bluez", "every_advert"]  # the fixtures, imported above
@@ -89,7 +90,7 @@ async def start_scan(
         causal_context=None,
         retry_after_seconds=1,
     )
-    await manager.start_scan(spec, provider or BleProvider())
+    await manager.admit(ScanAdmission(spec, provider or BleProvider()))
     return operation_id
 
 
@@ -116,7 +117,7 @@ async def poll_until(
     """Poll every 20 ms until `predicate(status)`; returns every status seen."""
 
     async def status() -> dict[str, Any]:
-        return (await status_of(manager, operation_id))
+        return await status_of(manager, operation_id)
 
     return await poll(status, predicate, timeout=limit_s, interval=0.02)
 
@@ -143,9 +144,9 @@ async def test_scan_sees_devices_added_during_it_and_cancel_is_confirmed_by_stop
         bluez.add_device(STRANGER, name="stranger", service_uuids=[], rssi=-40)
         bluez.update(STRAP, rssi=-55)
         polls += await poll_until(manager, operation_id, lambda s: snapshot_labels(s) == ["strap-1"])
-        cancelled = await cancelled(manager, operation_id)
-        assert cancelled["status"] in ("running", "cancelled")
-        polls += [cancelled]
+        cancelled_status = await cancelled(manager, operation_id)
+        assert cancelled_status["status"] in ("running", "cancelled")
+        polls += [cancelled_status]
         polls += await poll_until(manager, operation_id, lambda s: s["status"] == "cancelled")
         final = polls[-1]
         assert final["cancellation"]["state"] == "confirmed"

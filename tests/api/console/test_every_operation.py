@@ -26,6 +26,7 @@ from connector.service.answers import Accepted
 from connector.service.operations import LiveConnectorOperations
 from tests.api.console.conftest import BASE_URL, csrf_of
 from tests.e2e.serve_process import add_test_principals
+from tests.runtime.sessions import metadata_of
 from tests.support.directives import HEART_RATE, scan_directive
 from tests.support.paths import REPO
 from tests.support.principals import Tokens
@@ -90,7 +91,7 @@ async def test_connector_route_scans_are_listed_filtered_and_shown_read_only(tmp
         op_id = await _admit(assembled, tokens, "ble", {"service_uuids": [HEART_RATE]})
 
         async def running() -> bool:
-            return bool(assembled.discovery.metadata(op_id)["status"] == "running")
+            return bool(metadata_of(assembled.discovery, op_id)["status"] == "running")
 
         await _until(running)
         listing = await client.get(LIST)
@@ -148,7 +149,7 @@ async def test_the_adapters_page_shows_free_in_use_and_held_claims(tmp_path: Pat
             return "uncertain cleanup(s)" not in (await client.get("/admin/adapters")).text
 
         await _until(freed, timeout=30)
-        status = assembled.discovery.metadata(op_id)
+        status = metadata_of(assembled.discovery, op_id)
         assert status["status"] == "failed" and status["cleanup"] == {
             "state": "confirmed",
             "claim": "released",
@@ -169,7 +170,7 @@ async def test_an_operator_cancels_a_connector_route_scan_from_the_console(tmp_p
         op_id = await _admit(assembled, tokens, "ble", {"service_uuids": [HEART_RATE]})
 
         async def running() -> bool:
-            return bool(assembled.discovery.metadata(op_id)["status"] == "running")
+            return bool(metadata_of(assembled.discovery, op_id)["status"] == "running")
 
         await _until(running)
         path = f"{LIST}/{op_id.replace(':', '%3A')}"
@@ -179,7 +180,7 @@ async def test_an_operator_cancels_a_connector_route_scan_from_the_console(tmp_p
         assert cancelled.status_code == 303
 
         async def ended() -> bool:
-            return bool(assembled.discovery.metadata(op_id)["status"] == "cancelled")
+            return bool(metadata_of(assembled.discovery, op_id)["status"] == "cancelled")
 
         await _until(ended)
         after = await client.get(path)

@@ -25,7 +25,7 @@ from connector.core.clock import wall_clock_ms
 from connector.core.lifecycle import Status
 from connector.core.observations import BleObservation, Observation
 from connector.core.scope import DiscoveryScope, ScopeFilter
-from connector.runtime.manager import DiscoveryManager
+from connector.runtime.manager import DiscoveryManager, ScanAdmission
 from providers.base import Provider
 from providers.ble import BleProvider
 from providers.replay import ReplayProvider, ReplaySession
@@ -234,11 +234,11 @@ async def scan_through_runtime(
             window_end_ms=now_ms + 2000, cut_by_deadline=False, timeout_at_ms=None, expires_at_ms=None,
             causal_context=None, retry_after_seconds=1,
         )
-        handle = await manager.start_scan(spec, provider)
-        await wait_until(lambda: handle.status is Status.RUNNING)
+        session = await manager.admit(ScanAdmission(spec, provider))
+        await wait_until(lambda: session.status is Status.RUNNING)
         if drive_with is not None:
             drive(drive_with)
-        return await until_terminal(manager, handle.operation_id)
+        return await until_terminal(manager, spec.operation_id)
 
 
 @pytest.mark.asyncio

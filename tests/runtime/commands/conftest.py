@@ -95,9 +95,9 @@ def pid_alive(pid: int) -> bool:
         return False
 
 
-async def status_of(runner: CommandRunner, op_id: str) -> dict[str, Any]:
-    """The status of an operation the runner stored."""
-    doc = await runner.status(op_id)
+async def status_of(runner: CommandRunner, op_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+    """The status of an operation the runner stored (with `wait_s`, once terminal or then)."""
+    doc = await runner.status(op_id, wait_s=wait_s)
     assert doc is not None, "the runner does not know the operation"
     return doc
 
