@@ -1,7 +1,9 @@
 """The connector service: admission in CONTRACT §2 order, then discovery sessions or command actions.
 
-HTTP and the Bus are thin faces over this class. Every method authenticates first and re-checks the
-principal's current grant; an operation that is not the principal's answers `unknown-operation`.
+HTTP and the Bus are thin faces over this class. Every caller's method authenticates first and re-checks
+the principal's current grant; an operation that is not the principal's answers `unknown-operation`. The
+host's questions (`observe`, `poll`, `request_cancel`, `stop`) name a kind instead: the host checks
+authority itself, against its own registry row. Each kind's work is its runtime's `Operations`.
 """
 
 from __future__ import annotations

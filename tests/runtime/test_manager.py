@@ -140,23 +140,29 @@ async def handle_finished(manager: DiscoveryManager, operation_id: str) -> None:
 
 @pytest.mark.asyncio
 async def test_long_poll_wakes_on_a_new_revision_and_returns_at_timeout_otherwise() -> None:
+    timer = VirtualTimer()
     provider = FaultProvider([(100, strap(1))])
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, window_ms=3_000)
-        # The waits that must wake early get a long timeout: returning well before it is the proof.
-        started = anyio.current_time()
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, provider, window_ms=3_000, timer=timer)
+        began = timer.now_ms()
+        # The waits that must wake early wake with the clock standing still: no timeout played a part.
         status = await waited(manager, handle.operation_id, 0, 30.0)
-        assert status["progress"]["revision"] == 1
-        assert anyio.current_time() - started < 15
-        started = anyio.current_time()
-        quiet = await waited(manager, handle.operation_id, 1, 0.15)
+        assert status["progress"]["revision"] == 1 and timer.now_ms() == began
+        async with anyio.create_task_group() as group:
+            quiet: list[dict[str, Any]] = []
+
+            async def poll_quietly() -> None:
+                quiet.append(await waited(manager, handle.operation_id, 1, 0.15))
+
+            group.start_soon(poll_quietly)
+            await timer.advance(149)
+            assert quiet == [], "nothing new: it waits its whole timeout"
+            await timer.advance(1)
         # Still running: it returned at its own timeout, not at the window's end.
-        assert quiet["progress"]["revision"] == 1 and quiet["status"] == "running"
-        assert anyio.current_time() - started >= 0.14
+        assert quiet[0]["progress"]["revision"] == 1 and quiet[0]["status"] == "running"
         await manager.cancel(handle.operation_id)
-        started = anyio.current_time()
         terminal = await waited(manager, handle.operation_id, None, 30.0)
-        assert terminal["status"] == "cancelled" and anyio.current_time() - started < 15
+        assert terminal["status"] == "cancelled" and timer.now_ms() == began + 150
 
 
 @pytest.mark.asyncio
@@ -319,18 +325,27 @@ async def test_an_internal_error_ends_only_that_session_and_logs_no_detail(
 
 @pytest.mark.asyncio
 async def test_a_long_poll_during_a_pending_cancel_waits_for_the_end_instead_of_spinning() -> None:
-    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(StopStep("ack", delay_ms=160),)))
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, window_ms=5_000)
+    timer = VirtualTimer()
+    # The stop takes real time (the provider's): long enough that the virtual wait ends first.
+    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(StopStep("ack", delay_ms=500),)))
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, provider, window_ms=5_000, timer=timer)
         first = await waited(manager, handle.operation_id, 0, 2.0)
         await manager.cancel(handle.operation_id)
-        started = anyio.current_time()
-        quiet = await waited(manager, handle.operation_id, 0, 0.1)
-        assert quiet["cancellation"]["state"] == "requested" and "progress" not in quiet
-        assert anyio.current_time() - started >= 0.09, "an invisible revision does not end the wait"
-        final = await waited(manager, handle.operation_id, None, 2.0)
+        async with anyio.create_task_group() as group:
+            quiet: list[dict[str, Any]] = []
+
+            async def poll_quietly() -> None:
+                quiet.append(await waited(manager, handle.operation_id, 0, 0.1))
+
+            group.start_soon(poll_quietly)
+            await timer.advance(99)
+            assert quiet == [], "an invisible revision does not end the wait"
+            await timer.advance(1)
+        assert quiet[0]["cancellation"]["state"] == "requested" and "progress" not in quiet[0]
+        final = await waited(manager, handle.operation_id, None, 30.0)
         assert final["status"] == "cancelled"
-        assert_valid_polls([first, quiet, final])
+        assert_valid_polls([first, quiet[0], final])
 
 
 @pytest.mark.asyncio
