@@ -36,8 +36,7 @@ async def test_both_ids_make_the_same_calls(tmp_path: Path, monkeypatch: pytest.
         for name, target in (
             ("locate", service.state),
             ("get_discovery", service.state),
-            ("find", service.discovery),
-            ("handle", service.discovery),
+            ("session", service.discovery),
             ("operation", service.commands),
         ):
             spy(name, target)
@@ -46,7 +45,7 @@ async def test_both_ids_make_the_same_calls(tmp_path: Path, monkeypatch: pytest.
             calls.clear()
             assert_error(await h.get("bob", path), 404, "unknown-operation")
             traces.append(list(calls))
-        assert traces[0] == traces[1] == traces[2] == traces[3] == ["locate", "find"]
+        assert traces[0] == traces[1] == traces[2] == traces[3] == ["locate", "session"]
 
 
 async def test_the_two_latency_distributions_match(tmp_path: Path) -> None:
