@@ -328,8 +328,10 @@ async def test_a_long_poll_during_a_pending_cancel_waits_for_the_end_instead_of_
     timer = VirtualTimer()
     # The stop takes real time (the provider's): long enough that the virtual wait ends first.
     provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(StopStep("ack", delay_ms=500),)))
+    scope = ble_scope(cleanup_timeout_ms=5_000)  # the slow stop is still an acknowledged one
+    profile = with_profile(cleanup_timeout_ms=5_000)
     async with fast_manager(timer=timer) as manager:
-        handle = await start(manager, provider, window_ms=5_000, timer=timer)
+        handle = await start(manager, provider, window_ms=5_000, timer=timer, scope=scope, profile=profile)
         first = await waited(manager, handle.operation_id, 0, 2.0)
         await manager.cancel(handle.operation_id)
         async with anyio.create_task_group() as group:
