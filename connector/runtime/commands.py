@@ -31,12 +31,12 @@ import signal
 import subprocess
 import sys
 from collections import Counter
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
 import anyio
 from anyio.abc import ByteReceiveStream, ByteSendStream, Process, TaskGroup
@@ -50,7 +50,7 @@ from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import INTERRUPTED_BY_RESTART, Status, check_transition, is_terminal
 from connector.errors import SensoriumError
 from connector.runtime.operations import Kind, Observed
-from connector.storage.state import CommandOperation, ConnectorState, Mode
+from connector.storage.state import CommandOperation, Mode
 from connector.timer import WALL_TIMER, Timer, scope_after
 
 PYTHON_ALIAS = "python3"
@@ -76,6 +76,22 @@ _ERROR_MESSAGES: Mapping[str, str] = {
     Status.EXPIRED.value: "the operation expired before it finished",
     Status.CANCELLED.value: "the operation was cancelled",
 }
+
+
+class CommandJournal(Protocol):
+    """The durable rows of commands (`connector.storage.state.ConnectorState`): the runner owns each row."""
+
+    async def insert_operation(self, operation: CommandOperation) -> None: ...
+
+    async def update_operation(self, operation: CommandOperation) -> None: ...
+
+    async def get_operation(self, operation_id: str) -> CommandOperation | None: ...
+
+    async def list_operations(self, statuses: Iterable[str] | None = None) -> list[CommandOperation]: ...
+
+    async def delete_operations_before(self, statuses: Iterable[str], updated_before: datetime) -> int: ...
+
+    async def compact(self) -> None: ...
 
 
 def resolve_argv(argv: tuple[str, ...]) -> list[str]:
@@ -259,7 +275,7 @@ class CommandRunner:
 
     def __init__(
         self,
-        state: ConnectorState,
+        state: CommandJournal,
         *,
         max_workers: int = 2,
         max_output_bytes: int = DEFAULT_MAX_OUTPUT_BYTES,

@@ -210,3 +210,4 @@ async def test_the_session_starts_on_the_adapter_its_claim_is_keyed_by() -> None
     assert provider.started_on == ["hci1"]
     assert polls[-1]["status"] == "completed"
     assert handle.session.spec.scope.adapter is None  # the session's metadata keeps the scope as it was asked
+    assert handle.session.spec.adapter == "hci1", "resolved once, at admission; the spec hands it on"
