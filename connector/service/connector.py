@@ -128,13 +128,11 @@ class ConnectorService:
         answers (which hold addresses) of every such operation go too.
         """
         for action_id in action_ids:
+            mine = (principal_id, action_id)
             self.discovery.revoke_owner(principal_id, action_id=action_id)
             for op_id in self.discovery.operation_ids():
                 session = self.discovery.session(op_id)
-                if session is not None and (session.spec.owner, session.spec.action_id) == (
-                    principal_id,
-                    action_id,
-                ):
+                if session is not None and (session.spec.owner, session.spec.action_id) == mine:
                     self.bindings.drop(op_id)
 
     async def sweep_metadata(
@@ -253,8 +251,8 @@ class ConnectorService:
         admitted = _Admitted(plan.fingerprint, answer)
         if plan.keyed:
             self._admitted[op_id] = admitted  # before any await: a concurrent repeat waits for this one
-        provider = self._providers(spec.scope.transport, spec.scope.adapter)
         try:
+            provider = self._providers(spec.scope.transport, spec.scope.adapter)
             await self.discovery.admit(ScanAdmission(spec, provider, plan.handle))
         except BaseException as error:
             # Refused (claim) or no durable record: no work, nothing runs.
