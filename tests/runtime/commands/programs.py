@@ -2,7 +2,8 @@
 
 Usage: `python3 programs.py MODE [ARGS...]`
 - `sleep MARKER SECONDS`: write the pid to MARKER, then sleep (SIGTERM ends it as usual);
-- `ignore-term MARKER`: ignore SIGTERM, write the pid to MARKER, then sleep until SIGKILL;
+- `ignore-term MARKER`: survive SIGTERM (noting each in MARKER.term), write the pid to MARKER, then sleep
+  until SIGKILL;
 - `fail CANARY`: write CANARY to stderr and exit 3;
 - `flood BYTES`: write that many bytes of JSON-looking output to stdout;
 - `echo`: write back the JSON read on stdin, wrapped as {"got": ...};
@@ -33,7 +34,7 @@ def main(mode: str, args: list[str]) -> int:
         time.sleep(float(args[1]))
         print(json.dumps({"slept": True}))
     elif mode == "ignore-term":
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, lambda *_: _mark(args[0] + ".term"))
         _mark(args[0])
         while True:
             time.sleep(1)

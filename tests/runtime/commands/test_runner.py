@@ -303,18 +303,30 @@ async def test_cancel_running_sigterm(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # a real process that ignores SIGTERM; the grace period is on the virtual timer
 async def test_cancel_running_program_ignoring_sigterm_gets_sigkill(tmp_path: Path) -> None:
     marker = tmp_path / "m.pid"
-    async with running(tmp_path, kill_after_seconds=0.5) as (_, runner):
+    timer = VirtualTimer()
+    async with (
+        running(tmp_path, kill_after_seconds=0.5, timer=timer) as (_, runner),
+        anyio.create_task_group() as tg,
+    ):
         await runner.submit(
-            op_id(31), "alice", program_action("ignore-term", str(marker)), {}, "async", now()
+            op_id(31), "alice", program_action("ignore-term", str(marker)), {}, "async", virtual_now(timer)
         )
         pid = int(await wait_for_file(marker))
-        started = time.monotonic()
-        doc = await cancel_status(runner, op_id(31))
-        elapsed = time.monotonic() - started
+        answers: list[dict[str, Any]] = []
+
+        async def cancel() -> None:
+            answers.append(await cancel_status(runner, op_id(31)))
+
+        tg.start_soon(cancel)
+        await wait_for_file(Path(f"{marker}.term"))  # SIGTERM arrived: the grace period runs from now
+        await timer.advance(499)
+        assert answers == [] and pid_alive(pid), "it survives SIGTERM for the whole grace period"
+        await timer.advance(1)
+        doc = await answered(answers)  # SIGKILL, and the exit was seen
         assert doc["status"] == "cancelled"
-        assert 0.5 <= elapsed < 5  # it survived SIGTERM for the whole grace period
         assert not pid_alive(pid)
         # A terminal operation answers its unchanged status.
         assert await runner.cancel(op_id(31)) == (False, doc)
