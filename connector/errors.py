@@ -60,6 +60,7 @@ class Code(StrEnum):
     COMMAND_FAILED = "command-failed"
     # Diagnostics of a status or of a host continuation.
     STOP_BY_DISCONNECT = "stop-by-disconnect"
+    DEFERRED_OPERATION = "deferred-operation"
     DEFERRED_NOT_ACCEPTED = "deferred-not-accepted"
     RESULT_UNAVAILABLE = "result-unavailable"
     RESULT_ERASED = "result-erased"
@@ -161,6 +162,7 @@ CODES: Mapping[Code, CodeFacts] = MappingProxyType(
         C.DEADLINE_EXCEEDED: _outcome("the operation's timeout or expiry passed"),
         C.COMMAND_FAILED: _outcome("a command action exited non-zero"),
         C.STOP_BY_DISCONNECT: _local("status diagnostic: the provider stopped when the peer disconnected"),
+        C.DEFERRED_OPERATION: _local("continuation diagnostic: the operation ended other than completed"),
         C.DEFERRED_NOT_ACCEPTED: _local("host continuation diagnostic: the answer was no deferred handle"),
         C.RESULT_UNAVAILABLE: _local("host status diagnostic: the connector no longer holds the result"),
         C.RESULT_ERASED: _local("host status diagnostic: the result was erased"),
