@@ -29,7 +29,7 @@ def _module_strings(tree: ast.Module) -> dict[str, str]:
     """Module-level `NAME = "literal"` constants (plain or annotated)."""
     found: dict[str, str] = {}
     for node in tree.body:
-        target = node.target if isinstance(node, ast.AnnAssign) else None
+        target: ast.expr | None = node.target if isinstance(node, ast.AnnAssign) else None
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
         value = node.value if isinstance(node, ast.Assign | ast.AnnAssign) else None
@@ -152,7 +152,7 @@ def test_terminal_codes_of_contract_section_14_are_outcomes() -> None:
 
 
 def test_the_exception_classes_take_their_code_from_the_table() -> None:
-    classes = [SensoriumError, *_subclasses(SensoriumError)]
+    classes: list[type[SensoriumError]] = [SensoriumError, *_subclasses(SensoriumError)]
     for cls in classes:
         assert cls.default_code in CODES, cls
         assert type(SensoriumError("x", code=cls.default_code).code) is str  # a plain string on every wire
