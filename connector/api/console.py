@@ -37,6 +37,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from connector.core.authority import Principal
 from connector.core.candidates import format_ms
 from connector.core.clock import wall_clock
+from connector.core.lifecycle import TERMINAL_STATUSES
 from connector.core.scope import ALL_FILTER_KEYS
 from connector.errors import SensoriumError
 from connector.service.answers import Done, public_refusal
@@ -73,7 +74,7 @@ STATUSES: Final = (
     "expired",
     "unknown",
 )
-TERMINAL: Final = frozenset(STATUSES[2:])
+TERMINAL: Final = frozenset(status.value for status in TERMINAL_STATUSES)
 _MAX_TEXT = 256
 # Characters a page would render invisibly or that reorder text (bidi overrides are `Cf`).
 _HIDDEN_CATEGORIES: Final = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})

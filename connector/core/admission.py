@@ -30,7 +30,7 @@ from connector.core.ids import OPERATION_KIND, keyed_operation_id, random_operat
 from connector.core.policy import DeferredHostPolicy, discovery_window_end, retry_after
 from connector.core.projections import deferred_handle
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, normalised_input, parse_discovery_input
-from connector.errors import AdmissionError
+from connector.errors import AdmissionError, Code
 
 T = TypeVar("T")
 
@@ -59,7 +59,7 @@ _MODES_ALLOWED: Final[Mapping[str, frozenset[str]]] = {
 def find_action(actions_by_id: Mapping[str, T], action_id: str) -> T:
     """The catalog entry for `action_id` (step 3); 404 `unknown-action` when the catalog lacks it."""
     if action_id not in actions_by_id:
-        raise AdmissionError("action is not in the verified catalog", code="unknown-action")
+        raise AdmissionError("action is not in the verified catalog", code=Code.UNKNOWN_ACTION)
     return actions_by_id[action_id]
 
 
@@ -72,12 +72,12 @@ def check_execution_mode(execution_mode_support: str | None, requested_mode: str
     if requested_mode not in ("sync", "async"):
         raise AdmissionError(
             "timing.mode is not a known mode",
-            code="invalid-directive",
+            code=Code.INVALID_DIRECTIVE,
             diagnostics=[{"code": "enum", "message": "/timing/mode"}],
         )
     if requested_mode not in _MODES_ALLOWED[support]:
         raise AdmissionError(
-            "the action does not support the requested execution mode", code="execution-mode-not-supported"
+            "the action does not support the requested execution mode", code=Code.EXECUTION_MODE_NOT_SUPPORTED
         )
 
 
@@ -87,8 +87,8 @@ def require_status_v2(status_versions: Sequence[int] | None) -> None:
     if not any(v == 2 and not isinstance(v, bool) for v in versions):
         raise AdmissionError(
             "discovery needs 2 in timing.status_versions",
-            code="status-v2-required",
-            diagnostics=[{"code": "status-v2-required", "message": "/timing/status_versions"}],
+            code=Code.STATUS_V2_REQUIRED,
+            diagnostics=[{"code": Code.STATUS_V2_REQUIRED, "message": "/timing/status_versions"}],
         )
 
 
@@ -107,7 +107,7 @@ def _not_canonical(covered: Mapping[str, Any]) -> AdmissionError:
     paths = [f"/{name}" for name, value in covered.items() if not _canonicalizes(value)]
     return AdmissionError(
         "the directive holds a value outside the interoperable JSON range",
-        code="invalid-directive",
+        code=Code.INVALID_DIRECTIVE,
         diagnostics=[{"code": "not-canonicalizable", "message": path} for path in paths],
     )
 
@@ -124,7 +124,7 @@ def check_idempotent_replay(stored_fingerprint: bytes, new_fingerprint: bytes) -
     """Refuse a reused idempotency key whose directive differs (409 `idempotency-conflict`)."""
     if not hmac.compare_digest(stored_fingerprint, new_fingerprint):
         raise AdmissionError(
-            "the idempotency key was used with a different directive", code="idempotency-conflict"
+            "the idempotency key was used with a different directive", code=Code.IDEMPOTENCY_CONFLICT
         )
 
 
@@ -205,9 +205,9 @@ def check_directive(directive: Any) -> Mapping[str, Any]:
         else [str(v) for v in validate(DIRECTIVE_SCHEMA, directive, via="schema")]
     )
     if messages:
-        diagnostics = [{"code": "invalid-directive", "message": m} for m in messages[:MAX_DIAGNOSTICS]]
+        diagnostics = [{"code": Code.INVALID_DIRECTIVE, "message": m} for m in messages[:MAX_DIAGNOSTICS]]
         raise AdmissionError(
-            "the directive does not match its schema", code="invalid-directive", diagnostics=diagnostics
+            "the directive does not match its schema", code=Code.INVALID_DIRECTIVE, diagnostics=diagnostics
         )
     checked: Mapping[str, Any] = directive
     return checked

@@ -43,7 +43,7 @@ from connector.core.lifecycle import (
     check_observed,
     is_terminal,
 )
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 from connector.storage.sqlite import SqliteStore
 
 REGISTRY_RELATIVE_PATH = Path("storage") / "deferred-operations.sqlite"
@@ -134,7 +134,7 @@ TerminalListener = Callable[["OperationRecord"], Awaitable[None] | None]
 class RegistryError(SensoriumError):
     """The registry could not do what was asked (never carries stored values)."""
 
-    default_code = "internal"
+    default_code = Code.INTERNAL
 
 
 def _plain(value: Any) -> bool:
@@ -435,7 +435,7 @@ class DeferredRegistry(SqliteStore):
         record = await self.get(operation_id)
         found = self._fixed.get(operation_id)
         if record is None or found is None:
-            raise RegistryError("no such operation", code="unknown-operation")
+            raise RegistryError("no such operation", code=Code.UNKNOWN_OPERATION)
         return found
 
     def _remember(self, fixed: _Fixed) -> None:
@@ -447,7 +447,7 @@ class DeferredRegistry(SqliteStore):
     async def _refuse(self, operation_id: str, new: Status) -> None:
         current = await self.get(operation_id)
         if current is None:
-            raise RegistryError("no such operation", code="unknown-operation")
+            raise RegistryError("no such operation", code=Code.UNKNOWN_OPERATION)
         raise IllegalTransition(Status(current.status), new)
 
     async def mark_interrupted(
@@ -536,7 +536,7 @@ class DeferredRegistry(SqliteStore):
                 await self._db.execute("ROLLBACK")
                 raise
         if not found:
-            raise RegistryError("no such operation", code="unknown-operation")
+            raise RegistryError("no such operation", code=Code.UNKNOWN_OPERATION)
         return digest
 
     async def claim_resume(self, operation_id: str) -> Mapping[str, Any] | None:
