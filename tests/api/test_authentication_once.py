@@ -49,7 +49,8 @@ class Edges:
             document: dict[str, Any] = (await self.client.get(path, headers=bearer(self.tokens[who]))).json()
             return document
 
-        return (await poll(get, done, timeout=15.0))[-1]
+        polls: list[dict[str, Any]] = await poll(get, done, timeout=15.0)
+        return polls[-1]
 
 
 @asynccontextmanager
