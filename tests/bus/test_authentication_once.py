@@ -83,13 +83,14 @@ async def test_start_checks_the_directive_once(
     tmp_path: Path, broker: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     checks: Counter[str] = Counter()
-    real = admission.check_directive
+    real = admission.validate
 
-    def counted(directive: Any) -> Any:
-        checks["schema"] += 1
-        return real(directive)
+    def counted(schema: str, document: Any, **options: Any) -> Any:
+        checks[schema] += 1
+        return real(schema, document, **options)
 
-    monkeypatch.setattr(admission, "check_directive", counted)
+    # Every check of a directive's schema, wherever it is asked from, ends in this one call.
+    monkeypatch.setattr(admission, "validate", counted)
     env = make_env(tmp_path)
     async with (
         running_connector(env, broker.url) as assembled,
@@ -101,7 +102,7 @@ async def test_start_checks_the_directive_once(
         ):
             checks.clear()
             await _once(assembled, bus.start(directive, op=op))
-            assert checks["schema"] == 1, op
+            assert checks[admission.DIRECTIVE_SCHEMA] == 1, op
 
 
 async def test_cancel_checks_authority_once_and_reads_the_registry_once(
