@@ -85,7 +85,7 @@ from connector.storage.registry_reader import RegistryReader
 _log = logging.getLogger("sensorium.bus")
 SWEEP_LIMIT = 100_000
 REPLY_CACHE_SIZE = 1024
-Handler = Callable[[authority.Principal, bytes], Awaitable[dict[str, Any] | bytes]]
+Handler = Callable[[str | None, bytes], Awaitable[dict[str, Any] | bytes]]
 Refuse = Callable[[bytes, SensoriumError], dict[str, Any]]
 _Row = TypeVar("_Row", bound=DurableRecord)
 
@@ -350,9 +350,7 @@ class BusAdapter:
 
     async def _answer(self, handler: Handler, msg: Incoming, refuse: Refuse) -> None:
         try:
-            # CONTRACT §8: the one authentication of this request, before its body is read.
-            principal = self._host.authenticate(bearer_token(msg.headers))
-            reply = await handler(principal, msg.data)
+            reply = await handler(bearer_token(msg.headers), msg.data)
         except SensoriumError as error:
             reply = refuse(msg.data, error)
         except Exception as error:  # never let one request take the adapter down; never log data
@@ -361,8 +359,9 @@ class BusAdapter:
         with contextlib.suppress(NatsError):  # the broker went away: the caller retries or catches up
             await msg.respond(reply if isinstance(reply, bytes) else encode(reply))
 
-    async def _get(self, principal: authority.Principal, data: bytes) -> dict[str, Any] | bytes:
+    async def _get(self, token: str | None, data: bytes) -> dict[str, Any] | bytes:
         """`op.get {op}` -> `{op, state, ...durable metadata}`; `unknown` when not visible."""
+        principal = self._host.authenticate(token)  # the request's one authentication, as on every subject
         op = parse_op(data)
         if self._reader is not None:
             try:
@@ -396,8 +395,9 @@ class BusAdapter:
             return unknown_reply(op)
         return cached.body
 
-    async def _start(self, principal: authority.Principal, data: bytes) -> dict[str, Any]:
+    async def _start(self, token: str | None, data: bytes) -> dict[str, Any]:
         """`op.start {op?, directive}` -> `{op, state}` once the operation is in the registry."""
+        principal = self._host.authenticate(token)
         request = parse_start(data)
         # Admission steps 2-3, the Bus's operations-only rule and the keyed id: once, for admission too.
         identified = self._host.identify(principal, request.directive, bus_op=request.op)
@@ -466,23 +466,26 @@ class BusAdapter:
         op = request.op or record.operation_id
         return state_reply(op, record_state(record)[0])
 
-    async def _admin_list(self, operator: authority.Principal, data: bytes) -> dict[str, Any]:
+    async def _admin_list(self, token: str | None, data: bytes) -> dict[str, Any]:
         """`admin.list`: the page of the host's operator list the HTTP admin route answers (one builder)."""
         request = parse_list(data)
+        operator = self._host.authenticate(token)  # after the request parsed, as on the HTTP admin routes
         options = {} if request.limit is None else {"limit": request.limit}
         listing = await self._host.operator_list(operator, request.status, after=request.after, **options)
         return dict(listing.document)
 
-    async def _admin_cancel(self, operator: authority.Principal, data: bytes) -> dict[str, Any]:
+    async def _admin_cancel(self, token: str | None, data: bytes) -> dict[str, Any]:
         """`admin.cancel {operation/id}`: the HTTP admin cancel's document."""
         op_id = parse_cancel(data)
+        operator = self._host.authenticate(token)
         return dict((await self._host.operator_cancel(operator, op_id)).document)
 
-    async def _cancel(self, principal: authority.Principal, data: bytes) -> dict[str, Any]:
+    async def _cancel(self, token: str | None, data: bytes) -> dict[str, Any]:
         """`op.cancel {op}` -> `{op, cancelled, state}`; `cancelled`: did this request change anything.
 
         One authority check and one registry read (under the handle's lock): the host cancels the row found.
         """
+        principal = self._host.authenticate(token)
         op = parse_op(data)
         async with self._lock(principal.principal_id, op):
             record = await self._visible_row(principal, op)
@@ -508,6 +511,7 @@ class BusAdapter:
         return self._retained_for(principal, await self._registry.find_for(principal.principal_id, op))
 
     def _retained_for(self, principal: authority.Principal, record: _Row | None) -> _Row | None:
+        """The record if the principal may see it and it is still retained, else None."""
         if record is None or not self._may_see(principal, record):
             return None
         if not is_retained(record, now=self._clock(), retention=self.settings.retention):

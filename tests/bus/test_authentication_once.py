@@ -13,6 +13,7 @@ import pytest
 from connector.assembly import Assembled
 from connector.bus.client import BusRefused
 from connector.bus.node import NodeSubjects
+from connector.contract.validate import validate
 from connector.core import admission, authority
 from tests.bus.broker import NatsServer
 from tests.bus.support import ble_scan, client, make_env, running_connector
@@ -83,7 +84,7 @@ async def test_start_checks_the_directive_once(
     tmp_path: Path, broker: NatsServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     checks: Counter[str] = Counter()
-    real = admission.validate
+    real = validate
 
     def counted(schema: str, document: Any, **options: Any) -> Any:
         checks[schema] += 1
