@@ -66,15 +66,32 @@ def hash_token(token: str) -> str:
 
 def authenticate(token: str | None, principals: Sequence[Principal]) -> Principal:
     """The principal holding `token`; `unauthenticated` for none, unknown or revoked."""
-    presented = hash_token(token or "")
+    found = _holder(hash_token(token or ""), principals)
+    if token and found is not None and not found.revoked:
+        return found
+    raise _unauthenticated()
+
+
+def still_authenticated(principal: Principal, principals: Sequence[Principal]) -> Principal:
+    """The current version of the principal holding the same token (after a long wait), as `authenticate`
+    would answer for that token now; `unauthenticated` once it is unknown or revoked."""
+    found = _holder(principal.token_sha256, principals)
+    if found is not None and not found.revoked:
+        return found
+    raise _unauthenticated()
+
+
+def _holder(presented: str, principals: Sequence[Principal]) -> Principal | None:
     found: Principal | None = None
     for principal in principals:
         # Every entry is compared; the match is remembered, never returned early.
         if hmac.compare_digest(presented, principal.token_sha256) and found is None:
             found = principal
-    if token and found is not None and not found.revoked:
-        return found
-    raise SensoriumError("missing, unknown or revoked bearer token", code=Code.UNAUTHENTICATED)
+    return found
+
+
+def _unauthenticated() -> SensoriumError:
+    return SensoriumError("missing, unknown or revoked bearer token", code=Code.UNAUTHENTICATED)
 
 
 def find_grant(principal: Principal, action_id: str, transport: str | None) -> Grant | None:

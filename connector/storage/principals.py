@@ -28,6 +28,7 @@ from connector.core.authority import (
     hash_token,
     lost_actions,
     make_grant,
+    still_authenticated,
 )
 from connector.errors import Code, SensoriumError
 from connector.storage.files import make_private_dir
@@ -125,6 +126,12 @@ class PrincipalDirectory:
     def authenticate(self, token: str | None) -> Principal:
         """Authenticate against the current principals (call `reload_if_changed` first)."""
         return authenticate(token, self._current)
+
+    def current(self, principal: Principal) -> Principal:
+        """The principal as the principals file says now (picking up a change), `unauthenticated` once its
+        token no longer authenticates: a re-check of authority after a wait, not a second authentication."""
+        self.reload_if_changed()
+        return still_authenticated(principal, self._current)
 
     def on_revoked(self, callback: RevokedCallback) -> Callable[[], None]:
         """Call `callback(principal_id, lost_action_ids)` on every revocation; returns the undo function."""

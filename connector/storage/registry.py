@@ -44,6 +44,7 @@ from connector.core.lifecycle import (
     is_terminal,
 )
 from connector.errors import Code, SensoriumError
+from connector.storage.registry_reader import RegistryReader
 from connector.storage.sqlite import SqliteStore
 
 REGISTRY_RELATIVE_PATH = Path("storage") / "deferred-operations.sqlite"
@@ -601,6 +602,15 @@ class DeferredRegistry(SqliteStore):
         """The operation `owner` started on the Bus with the caller-chosen `bus_op`."""
         found = await self._select("owner = ? AND bus_op = ?", (owner, bus_op))
         return found[0] if found else None
+
+    async def find_for(self, owner: str, op: str) -> OperationRecord | None:
+        """The row `owner` started under the Bus handle `op`, else the row whose operation id is `op`."""
+        record = await self.find_by_bus_op(owner, op)
+        return record if record is not None else await self.get(op)
+
+    def open_reader(self) -> RegistryReader | None:
+        """A read-only synchronous reader of this registry's file (None: read through this API instead)."""
+        return RegistryReader.open(self.path)
 
     async def list(self, *, status: str | None = None, limit: int = 200) -> builtins.list[OperationRecord]:
         """Operations, most recently updated first, optionally of one status."""
