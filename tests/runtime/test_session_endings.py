@@ -2,14 +2,21 @@
 
 from __future__ import annotations
 
-import anyio
 import pytest
 
 from connector.contract.canonical import canonical_bytes
 from connector.errors import ProviderUnavailable
 from connector.runtime.claims import claim_key
+from connector.timer import VirtualTimer
 from providers.faults import HANG, RAISE, Fault, FaultProvider, StopStep
-from tests.runtime.sessions import assert_valid_polls, fast_manager, poll_to_end, start, with_profile
+from tests.runtime.sessions import (
+    assert_valid_polls,
+    drive_until,
+    fast_manager,
+    poll_to_end,
+    start,
+    with_profile,
+)
 from tests.runtime.support import ble_scope, other_tasks, strap
 
 STRAPS = [(i * 20, strap(i)) for i in range(5)]
@@ -24,10 +31,11 @@ def final_snapshot_equals_result(final: dict[str, object]) -> None:
 
 @pytest.mark.asyncio
 async def test_window_complete_reports_the_final_snapshot_after_a_confirmed_stop() -> None:
-    provider = FaultProvider(STRAPS)
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, window_ms=300)
-        polls = await poll_to_end(manager, handle.operation_id)
+    timer = VirtualTimer()
+    provider = FaultProvider(STRAPS, timer=timer)
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, provider, window_ms=300, timer=timer)
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert final["status"] == "completed"
         assert final["result"]["reason"] == "window-complete" and final["result"]["partial"] is False
@@ -45,9 +53,10 @@ async def test_window_complete_reports_the_final_snapshot_after_a_confirmed_stop
 
 @pytest.mark.asyncio
 async def test_nothing_in_scope_completes_with_final_revision_zero() -> None:
-    async with fast_manager() as manager:
-        handle = await start(manager, FaultProvider([]), window_ms=100)
-        polls = await poll_to_end(manager, handle.operation_id)
+    timer = VirtualTimer()
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, FaultProvider([], timer=timer), window_ms=100, timer=timer)
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert final["status"] == "completed" and "progress" not in final
         assert final["result"]["final_revision"] == 0 and final["result"]["candidates"] == []
@@ -56,10 +65,13 @@ async def test_nothing_in_scope_completes_with_final_revision_zero() -> None:
 
 @pytest.mark.asyncio
 async def test_limit_reached_by_count_stops_early_and_keeps_the_first_devices() -> None:
-    provider = FaultProvider(STRAPS)
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, scope=ble_scope(max_candidates=2), window_ms=5_000)
-        polls = await poll_to_end(manager, handle.operation_id)
+    timer = VirtualTimer()
+    provider = FaultProvider(STRAPS, timer=timer)
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(
+            manager, provider, scope=ble_scope(max_candidates=2), window_ms=5_000, timer=timer
+        )
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert final["status"] == "completed"
         # Ended by the limit, not by its window (that reason would be the window's).
@@ -73,11 +85,14 @@ async def test_limit_reached_by_count_stops_early_and_keeps_the_first_devices() 
 
 @pytest.mark.asyncio
 async def test_limit_reached_by_bytes_never_exceeds_the_bound() -> None:
+    timer = VirtualTimer()
     bound = 1_200
-    provider = FaultProvider([(i * 5, strap(i, name="x" * 60)) for i in range(20)])
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, scope=ble_scope(max_snapshot_bytes=bound), window_ms=5_000)
-        polls = await poll_to_end(manager, handle.operation_id)
+    provider = FaultProvider([(i * 5, strap(i, name="x" * 60)) for i in range(20)], timer=timer)
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(
+            manager, provider, scope=ble_scope(max_snapshot_bytes=bound), window_ms=5_000, timer=timer
+        )
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert final["result"]["reason"] == "limit-reached"
         assert 0 < len(final["result"]["candidates"]) < 20
@@ -90,10 +105,13 @@ async def test_limit_reached_by_bytes_never_exceeds_the_bound() -> None:
 
 @pytest.mark.asyncio
 async def test_limit_reached_by_max_revisions() -> None:
-    provider = FaultProvider([(i * 120, strap(i)) for i in range(10)])
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, profile=with_profile(max_revisions=2), window_ms=5_000)
-        polls = await poll_to_end(manager, handle.operation_id)
+    timer = VirtualTimer()
+    provider = FaultProvider([(i * 120, strap(i)) for i in range(10)], timer=timer)
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(
+            manager, provider, profile=with_profile(max_revisions=2), window_ms=5_000, timer=timer
+        )
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert final["result"]["reason"] == "limit-reached"
         assert final["result"]["final_revision"] == 2 == final["progress"]["revision"]
@@ -103,9 +121,12 @@ async def test_limit_reached_by_max_revisions() -> None:
 
 @pytest.mark.asyncio
 async def test_deadline_reached_when_the_callers_deadline_cut_the_window() -> None:
-    async with fast_manager() as manager:
-        handle = await start(manager, FaultProvider(STRAPS), window_ms=200, cut_by_deadline=True)
-        polls = await poll_to_end(manager, handle.operation_id)
+    timer = VirtualTimer()
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(
+            manager, FaultProvider(STRAPS, timer=timer), window_ms=200, cut_by_deadline=True, timer=timer
+        )
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert final["result"]["reason"] == "deadline-reached" and final["result"]["partial"] is True
         final_snapshot_equals_result(final)
@@ -114,10 +135,11 @@ async def test_deadline_reached_when_the_callers_deadline_cut_the_window() -> No
 
 @pytest.mark.asyncio
 async def test_a_window_end_whose_stop_raises_is_failed_cleanup_unconfirmed_with_the_claim_held() -> None:
-    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(RAISE,)))
-    async with fast_manager(cleanup_retry_initial_s=10.0) as manager:
-        handle = await start(manager, provider, window_ms=150)
-        polls = await poll_to_end(manager, handle.operation_id)
+    timer = VirtualTimer()
+    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(RAISE,)), timer=timer)
+    async with fast_manager(cleanup_retry_initial_s=10.0, timer=timer) as manager:
+        handle = await start(manager, provider, window_ms=150, timer=timer)
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert final["status"] == "failed"
         assert final["error"]["code"] == "cleanup-unconfirmed"
@@ -130,10 +152,11 @@ async def test_a_window_end_whose_stop_raises_is_failed_cleanup_unconfirmed_with
 
 @pytest.mark.asyncio
 async def test_provider_start_failure_fails_without_a_stop() -> None:
-    provider = FaultProvider(fault=Fault(start_error=ProviderUnavailable("no adapter")))
-    async with fast_manager() as manager:
-        handle = await start(manager, provider)
-        polls = await poll_to_end(manager, handle.operation_id)
+    timer = VirtualTimer()
+    provider = FaultProvider(fault=Fault(start_error=ProviderUnavailable("no adapter")), timer=timer)
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, provider, timer=timer)
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert final["status"] == "failed" and final["error"]["code"] == "provider-unavailable"
         assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
@@ -144,13 +167,14 @@ async def test_provider_start_failure_fails_without_a_stop() -> None:
 
 @pytest.mark.asyncio
 async def test_a_session_is_pending_until_its_provider_started() -> None:
-    provider = FaultProvider(STRAPS, fault=Fault(start_delay_ms=150))
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, window_ms=400)
+    timer = VirtualTimer()
+    provider = FaultProvider(STRAPS, fault=Fault(start_delay_ms=150), timer=timer)
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, provider, window_ms=400, timer=timer)
         first = manager.status(handle.operation_id)
         assert first["status"] == "pending" and "progress" not in first
         assert first["retry_after_seconds"] >= 1
-        polls = [first, *await poll_to_end(manager, handle.operation_id)]
+        polls = [first, *await poll_to_end(manager, handle.operation_id, timer=timer)]
         assert [p["status"] for p in polls].count("running") > 0
         assert polls[-1]["status"] == "completed"
         assert_valid_polls(polls)
@@ -158,10 +182,13 @@ async def test_a_session_is_pending_until_its_provider_started() -> None:
 
 @pytest.mark.asyncio
 async def test_a_provider_restart_mid_session_fails_and_drops_the_generation() -> None:
-    provider = FaultProvider(STRAPS, fault=Fault(fail_at_ms=1_500))  # well after the first running poll
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, window_ms=4_000)
-        polls = await poll_to_end(manager, handle.operation_id)
+    timer = VirtualTimer()
+    provider = FaultProvider(
+        STRAPS, fault=Fault(fail_at_ms=1_500), timer=timer
+    )  # well after the first running poll
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, provider, window_ms=4_000, timer=timer)
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert any("progress" in p for p in polls), "candidates were visible before the restart"
         assert final["status"] == "failed" and final["error"]["code"] == "provider-restarted"
@@ -175,10 +202,11 @@ async def test_a_provider_restart_mid_session_fails_and_drops_the_generation() -
 
 @pytest.mark.asyncio
 async def test_timed_out_when_the_connector_timeout_passes() -> None:
-    provider = FaultProvider(STRAPS)
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, window_ms=3_000, timeout_ms=200)
-        polls = await poll_to_end(manager, handle.operation_id)
+    timer = VirtualTimer()
+    provider = FaultProvider(STRAPS, timer=timer)
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, provider, window_ms=3_000, timeout_ms=200, timer=timer)
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert final["status"] == "timed-out" and final["error"]["code"] == "deadline-exceeded"
         assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
@@ -188,28 +216,28 @@ async def test_timed_out_when_the_connector_timeout_passes() -> None:
 
 @pytest.mark.asyncio
 async def test_expired_when_expires_at_passes_and_the_stop_still_bounded() -> None:
-    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(HANG, StopStep("ack"))))
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, window_ms=3_000, expires_in_ms=200)
-        polls = await poll_to_end(manager, handle.operation_id)
+    timer = VirtualTimer()
+    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(HANG, StopStep("ack"))), timer=timer)
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, provider, window_ms=3_000, expires_in_ms=200, timer=timer)
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert final["status"] == "expired" and final["error"]["code"] == "deadline-exceeded"
         # Terminal although the stop never answers: it was cut (cleanup_timeout_ms), hence uncertain.
         assert final["cleanup"] == {"state": "uncertain", "claim": "held"}
         assert_valid_polls(polls)
-        with anyio.fail_after(10):
-            while manager.claims.holder(claim_key("ble", None)) is not None:
-                await anyio.sleep(0.02)
+        await drive_until(timer, lambda: manager.claims.holder(claim_key("ble", None)) is None)
         assert manager.status(handle.operation_id)["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert manager.status(handle.operation_id)["status"] == "expired"
 
 
 @pytest.mark.asyncio
 async def test_a_start_cut_off_by_the_timeout_fails_deadline_exceeded() -> None:
-    provider = FaultProvider(STRAPS, fault=Fault(start_delay_ms=2_000))
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, window_ms=3_000, timeout_ms=150)
-        polls = await poll_to_end(manager, handle.operation_id)
+    timer = VirtualTimer()
+    provider = FaultProvider(STRAPS, fault=Fault(start_delay_ms=2_000), timer=timer)
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, provider, window_ms=3_000, timeout_ms=150, timer=timer)
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
         final = polls[-1]
         assert final["status"] == "failed" and final["error"]["code"] == "deadline-exceeded"
         assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
