@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import sys
 import types
 from pathlib import Path
@@ -12,25 +11,27 @@ import pytest
 from connector.core.scope import DiscoveryScope
 from connector.errors import AdmissionError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
 from connector.runtime.claims import ClaimRegistry, claim_key
+from connector.timer import VirtualTimer, fail_at
 from providers.base import BaseSession, ObservationSink, StopOutcome
 from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, FaultSession, StopStep
 from providers.registry import build_provider
 from providers.replay import FixtureError, ReplayProvider
 from tests.runtime.sessions import fast_manager, poll_to_end, start
-from tests.runtime.support import RecordingSink, ble_scope, other_tasks, stranger, strap
+from tests.runtime.support import RecordingSink, ble_scope, on_virtual_time, other_tasks, stranger, strap
 
 # ---- fault provider --------------------------------------------------------------------------------------
 
 
 @pytest.mark.asyncio
 async def test_fault_provider_plays_filtered_and_records_calls() -> None:
-    provider = FaultProvider([(0, strap(1)), (10, stranger(2)), (20, strap(3))])
-    sink = RecordingSink()
+    timer = VirtualTimer()
+    provider = FaultProvider([(0, strap(1)), (10, stranger(2)), (20, strap(3))], timer=timer)
+    sink = RecordingSink(timer)
     session = await provider.start(ble_scope(), sink)
-    await asyncio.sleep(0.06)
+    await timer.advance(60)
     await session.stop()
     await session.stop()
-    assert [obs for _, obs in sink.observed] == [strap(1), strap(3)]
+    assert sink.observed == [(0.0, strap(1)), (0.02, strap(3))]
     assert provider.calls == ["start", "stop", "stop-ack", "stop"]
     assert (provider.start_calls, provider.stop_calls, provider.acknowledged_stops) == (1, 2, 1)
 
@@ -41,10 +42,11 @@ async def test_fault_provider_start_failure_and_mid_session_failure() -> None:
     with pytest.raises(ProviderUnavailable):
         await refusing.start(ble_scope(), RecordingSink())
     assert refusing.calls == ["start"]
-    failing = FaultProvider([(0, strap(1)), (100, strap(2))], fault=Fault(fail_at_ms=30))
-    sink = RecordingSink()
+    timer = VirtualTimer()
+    failing = FaultProvider([(0, strap(1)), (100, strap(2))], fault=Fault(fail_at_ms=30), timer=timer)
+    sink = RecordingSink(timer)
     session = await failing.start(ble_scope(), sink)
-    await asyncio.sleep(0.15)
+    await timer.advance(150)
     assert [obs for _, obs in sink.observed] == [strap(1)]
     assert len(sink.failures) == 1 and isinstance(sink.failures[0], ProviderRestarted)
     await session.stop()
@@ -52,26 +54,34 @@ async def test_fault_provider_start_failure_and_mid_session_failure() -> None:
 
 @pytest.mark.asyncio
 async def test_fault_provider_stop_plan_raise_hang_then_late_ack() -> None:
-    provider = FaultProvider(fault=Fault(stop_plan=(RAISE, HANG, StopStep("ack", delay_ms=30))))
+    timer = VirtualTimer()
+    provider = FaultProvider(fault=Fault(stop_plan=(RAISE, HANG, StopStep("ack", delay_ms=30))), timer=timer)
     session = await provider.start(ble_scope(), RecordingSink())
     with pytest.raises(StopUnconfirmed):
         await session.stop()
-    with pytest.raises(TimeoutError):
-        async with asyncio.timeout(0.05):
+
+    async def give_up_after_50_ms() -> None:
+        with fail_at(timer, timer.now_ms() + 50):
             await session.stop()
-    started = asyncio.get_running_loop().time()
-    await session.stop()
-    assert asyncio.get_running_loop().time() - started >= 0.029
+
+    hung_at = timer.now_ms()
+    with pytest.raises(TimeoutError):
+        await on_virtual_time(timer, give_up_after_50_ms)
+    assert timer.now_ms() - hung_at == 50, "the hanging stop was cut by the caller, not by its own bound"
+    started = timer.now_ms()
+    assert await on_virtual_time(timer, session.stop) is StopOutcome.ACKNOWLEDGED
+    assert timer.now_ms() - started == 30
     assert provider.acknowledged_stops == 1 and provider.stop_calls == 3
     assert other_tasks() == set()
 
 
 @pytest.mark.asyncio
 async def test_fault_provider_flood_skips_the_provider_filter() -> None:
-    provider = FaultProvider(fault=Fault(flood=stranger, flood_count=600, stop_plan=(ACK,)))
+    timer = VirtualTimer()
+    provider = FaultProvider(fault=Fault(flood=stranger, flood_count=600, stop_plan=(ACK,)), timer=timer)
     sink = RecordingSink()
     session = await provider.start(ble_scope(), sink)
-    await asyncio.sleep(0.05)
+    await timer.advance(50)
     await session.stop()
     assert len(sink.observed) == 600
 
@@ -187,8 +197,8 @@ async def test_a_stop_attempt_that_raised_counts_as_a_refusal_and_a_new_one_star
 class _ResolvingProvider(FaultProvider):
     """A provider whose default adapter changes between lookups (as a hot-plugged one can)."""
 
-    def __init__(self) -> None:
-        super().__init__(fault=Fault(stop_plan=(ACK,)))
+    def __init__(self, timer: VirtualTimer) -> None:
+        super().__init__(fault=Fault(stop_plan=(ACK,)), timer=timer)
         self.defaults = iter(["hci1", "hci0"])
         self.started_on: list[str | None] = []
 
@@ -202,11 +212,12 @@ class _ResolvingProvider(FaultProvider):
 
 @pytest.mark.asyncio
 async def test_the_session_starts_on_the_adapter_its_claim_is_keyed_by() -> None:
-    provider = _ResolvingProvider()
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, window_ms=50)
+    timer = VirtualTimer()
+    provider = _ResolvingProvider(timer)
+    async with fast_manager(timer) as manager:
+        handle = await start(manager, provider, window_ms=50, timer=timer)
         assert manager.claims.holder(claim_key("ble", "hci1")) == handle.operation_id
-        polls = await poll_to_end(manager, handle.operation_id)
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
     assert provider.started_on == ["hci1"]
     assert polls[-1]["status"] == "completed"
     assert handle.scope.adapter is None  # the session's metadata keeps the scope as it was asked
