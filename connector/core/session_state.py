@@ -219,6 +219,8 @@ Effects = tuple[Effect | Emit, ...]
 _NONE: Effects = ()
 _WAKE_IF_SOONER: Effects = (Effect.WAKE_IF_SOONER,)
 _OBSERVED = {outcome: Observed(outcome) for outcome in IngestOutcome}
+# Outcomes whose step leaves the state as it is, with no effect: a runner may skip feeding them.
+INERT_OUTCOMES: frozenset[IngestOutcome] = frozenset({IngestOutcome.UNCHANGED, IngestOutcome.OUT_OF_SCOPE})
 
 
 def observed(outcome: IngestOutcome) -> Observed:
@@ -231,13 +233,9 @@ def observed(outcome: IngestOutcome) -> Observed:
 
 def step(state: SessionState, event: SessionEvent, now_ms: int) -> tuple[SessionState, Effects]:
     """The state after `event` at `now_ms`, and what the runner must do about it."""
+    if type(event) is Observed:  # the hot path (every observation): one type check before the match
+        return _observed(state, event.outcome)
     match event:
-        case Observed(outcome):
-            if outcome is IngestOutcome.ACCEPTED:
-                return state, _WAKE_IF_SOONER
-            if outcome is IngestOutcome.LIMIT_REACHED:
-                return _request_end(state, EndCause.LIMIT, None)
-            return state, _NONE
         case Started():
             return _started(state, now_ms)
         case StartFailed():
@@ -265,6 +263,15 @@ def step(state: SessionState, event: SessionEvent, now_ms: int) -> tuple[Session
         case StoppedLate(stop):
             return _stopped_late(state, stop, now_ms)
     raise TypeError(f"not a session event: {type(event).__name__}")
+
+
+def _observed(state: SessionState, outcome: IngestOutcome) -> tuple[SessionState, Effects]:
+    """An accepted observation may bring the next cut closer; a refused one at the bound ends the session."""
+    if outcome is IngestOutcome.ACCEPTED:
+        return state, _WAKE_IF_SOONER
+    if outcome is IngestOutcome.LIMIT_REACHED:
+        return _request_end(state, EndCause.LIMIT, None)
+    return state, _NONE
 
 
 def _request_end(state: SessionState, cause: EndCause, code: str | None) -> tuple[SessionState, Effects]:

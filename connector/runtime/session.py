@@ -41,6 +41,7 @@ from connector.core.observations import Observation
 from connector.core.projections import SessionView
 from connector.core.scope import DiscoveryScope
 from connector.core.session_state import (
+    INERT_OUTCOMES,
     CancelRequested,
     CutMade,
     Effect,
@@ -284,11 +285,15 @@ class DiscoverySession:
     def _observe(self, observation: Observation) -> None:
         """Ingest one observation; out-of-scope ones leave no trace (the table does not even count them)."""
         if self._state.end_cause is None:
-            self._feed(observed(self.table.ingest(observation, self._timer.now_ms())))
+            now_ms = self._timer.now_ms()
+            outcome = self.table.ingest(observation, now_ms)
+            if outcome not in INERT_OUTCOMES:  # the hot path: most observations change nothing
+                self._feed(observed(outcome), now_ms)
 
-    def _feed(self, event: SessionEvent) -> Effects:
+    def _feed(self, event: SessionEvent, now_ms: int | None = None) -> Effects:
         """One step: the new state, then its effects (a cut feeds what it gave back in)."""
-        now_ms = self._timer.now_ms()
+        if now_ms is None:
+            now_ms = self._timer.now_ms()
         self._state, effects = step(self._state, event, now_ms)
         for effect in effects:
             self._apply(effect, now_ms)

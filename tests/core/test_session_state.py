@@ -19,6 +19,7 @@ from connector.core.endings import (
 from connector.core.lifecycle import IllegalTransition, Status
 from connector.core.scope import DiscoveryScope, ScopeFilter
 from connector.core.session_state import (
+    INERT_OUTCOMES,
     MIN_WAKE_MS,
     CancelRequested,
     CutMade,
@@ -95,6 +96,9 @@ def test_an_observation_changes_nothing_and_allocates_no_event() -> None:
     assert after is state and effects == (Effect.WAKE_IF_SOONER,)
     limited, effects = step(state, observed(IngestOutcome.LIMIT_REACHED), T0 + 20)
     assert limited.end_cause is EndCause.LIMIT and not limited.accepting and effects == (Effect.WAKE,)
+    # The runner skips feeding these: the step would leave everything as it is.
+    for outcome in INERT_OUTCOMES:
+        assert step(state, observed(outcome), T0 + 20) == (state, ())
 
 
 def test_the_timer_asks_for_a_cut_until_the_window_ends_then_sets_the_cause() -> None:
