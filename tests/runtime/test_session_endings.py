@@ -2,12 +2,18 @@
 
 from __future__ import annotations
 
+from typing import Any
+
+import anyio
 import pytest
 
 from connector.contract.canonical import canonical_bytes
+from connector.core.clock import parse_time, to_ms
+from connector.core.scope import DiscoveryScope
 from connector.errors import ProviderUnavailable
 from connector.runtime.claims import claim_key
 from connector.timer import VirtualTimer
+from providers.base import ObservationSink, ProviderCapabilities, stop_bound_ms
 from providers.faults import HANG, RAISE, Fault, FaultProvider, StopStep
 from tests.runtime.sessions import (
     assert_valid_polls,
@@ -242,3 +248,77 @@ async def test_a_start_cut_off_by_the_timeout_fails_deadline_exceeded() -> None:
         assert final["status"] == "failed" and final["error"]["code"] == "deadline-exceeded"
         assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert_valid_polls(polls)
+
+
+class _DeafSession:
+    """A backend session not built on the base: its first stop never answers, later ones acknowledge."""
+
+    def __init__(self) -> None:
+        self.stops = 0
+
+    async def stop(self) -> None:
+        self.stops += 1
+        if self.stops == 1:
+            await anyio.sleep_forever()
+
+
+class _DeafProvider:
+    """Starts `_DeafSession`s (no cleanup bound of its own: only the runtime's backstop cuts its stop)."""
+
+    capabilities = ProviderCapabilities(transport="ble")
+
+    def __init__(self) -> None:
+        self.session = _DeafSession()
+
+    async def start(self, scope: DiscoveryScope, sink: ObservationSink) -> _DeafSession:
+        return self.session
+
+
+@pytest.mark.asyncio
+async def test_a_stop_that_never_answers_is_cut_by_the_runtime_backstop() -> None:
+    timer = VirtualTimer()
+    provider = _DeafProvider()
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, provider, window_ms=300, timer=timer)
+        window_end_ms = timer.now_ms() + 300
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
+        final = polls[-1]
+        assert final["status"] == "failed" and final["error"]["code"] == "cleanup-unconfirmed"
+        assert final["cleanup"] == {"state": "uncertain", "claim": "held"}
+        # Exactly the provider's bound (cleanup + proof) plus the runtime's margin after the window ended.
+        assert handle.terminal_at_ms == window_end_ms + stop_bound_ms(ble_scope()) + 250
+        await drive_until(timer, lambda: manager.claims.holder(claim_key("ble", None)) is None)
+        assert provider.session.stops == 2
+        assert_valid_polls(polls)
+
+
+def _labels(status: dict[str, Any]) -> list[str]:
+    return sorted(c["label"] for c in status["progress"]["snapshot"]["candidates"])
+
+
+@pytest.mark.asyncio
+async def test_a_candidate_not_seen_for_its_ttl_leaves_the_snapshot_at_its_expires_at() -> None:
+    timer = VirtualTimer()
+    # strap-1 is seen once; strap-2 keeps advertising. The TTL is the profile's 30 s.
+    timeline = [
+        (0, strap(1)),
+        *((t_ms, strap(2, rssi=-60 - t_ms // 5_000)) for t_ms in range(0, 45_000, 5_000)),
+    ]
+    provider = FaultProvider(timeline, timer=timer)
+    async with fast_manager(timer=timer) as manager:
+        handle = await start(manager, provider, window_ms=45_000, expires_in_ms=60_000, timer=timer)
+        op = handle.operation_id
+        await timer.advance(1_000)
+        (strap_1,) = [
+            c for c in manager.status(op)["progress"]["snapshot"]["candidates"] if c["label"] == "strap-1"
+        ]
+        expires_at_ms = to_ms(parse_time(strap_1["expires_at"]))
+        assert expires_at_ms == to_ms(parse_time(strap_1["last_seen_at"])) + 30_000
+        await timer.advance_to(expires_at_ms - 1)
+        assert _labels(manager.status(op)) == ["strap-1", "strap-2"]
+        await timer.advance_to(expires_at_ms)
+        assert _labels(manager.status(op)) == ["strap-2"], "gone at the expires_at it showed, not later"
+        final = (await poll_to_end(manager, op, every_s=1.0, timer=timer))[-1]
+    assert final["status"] == "completed" and [c["label"] for c in final["result"]["candidates"]] == [
+        "strap-2"
+    ]
