@@ -315,7 +315,7 @@ class DiscoverySession:
             self.table.erase()
         elif effect is Effect.CUT or effect is Effect.FINAL_CUT:
             revised = self.table.cut(now_ms, final=effect is Effect.FINAL_CUT) is not None
-            self._feed(CutMade(revised, self.table.limit_reason is not None))
+            self._feed(CutMade(revised, self.table.limit_reason is not None), now_ms)
         # STOP_PROVIDER is the runner's: it awaits (`_settle`).
 
     def _emit(self, event: str) -> None:
