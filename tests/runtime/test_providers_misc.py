@@ -1,4 +1,4 @@
-"""The fault provider's own behaviour, the provider registry, and transport claims."""
+"""The fault and simulated providers' own behaviour, the provider registry, and transport claims."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from providers.base import BaseSession, ObservationSink, StopOutcome
 from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, FaultSession, StopStep
 from providers.registry import build_provider
 from providers.replay import FixtureError, ReplayProvider
+from providers.simulated import SimulatedAdapter, SimulatedProvider
 from tests.runtime.sessions import fast_manager, poll_to_end, start
 from tests.runtime.support import RecordingSink, ble_scope, on_virtual_time, other_tasks, stranger, strap
 
@@ -221,3 +222,24 @@ async def test_the_session_starts_on_the_adapter_its_claim_is_keyed_by() -> None
     assert provider.started_on == ["hci1"]
     assert polls[-1]["status"] == "completed"
     assert handle.scope.adapter is None  # the session's metadata keeps the scope as it was asked
+
+
+# ---- simulated provider ----------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_simulated_adapter_repeats_each_device_at_its_interval_on_the_timer() -> None:
+    timer = VirtualTimer()
+    adapter = SimulatedAdapter("ble", lambda: "sim-1", timer)
+    adapter.put(strap(1), interval_ms=1_000)
+    sink = RecordingSink(timer)
+    session = await SimulatedProvider(adapter).start(ble_scope(), sink)
+    await timer.advance(3_500)
+    assert sink.observed == [(0.0, strap(1)), (1.0, strap(1)), (2.0, strap(1)), (3.0, strap(1))]
+    adapter.put(strap(1, rssi=-70), interval_ms=1_000)  # an update is seen at once, then at the interval
+    await timer.advance(1_000)
+    assert sink.observed[4:] == [(3.5, strap(1, rssi=-70)), (4.5, strap(1, rssi=-70))]
+    assert await session.stop() is StopOutcome.ACKNOWLEDGED
+    assert adapter.session_count == 0
+    await timer.advance(5_000)
+    assert len(sink.observed) == 6
