@@ -11,7 +11,7 @@ import pytest
 from connector.core.scope import DiscoveryScope
 from connector.errors import AdmissionError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
 from connector.runtime.claims import ClaimRegistry, claim_key
-from connector.timer import VirtualTimer, fail_at
+from connector.timer import VirtualTimer, fail_at, sleep_ms
 from providers.base import BaseSession, ObservationSink, StopOutcome
 from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, FaultSession, StopStep
 from providers.registry import build_provider
@@ -193,6 +193,46 @@ async def test_a_stop_attempt_that_raised_counts_as_a_refusal_and_a_new_one_star
     assert list(unconfirmed.value.diagnostics) == [{"code": "provider-stop", "message": "backend-error"}]
     assert await session.stop() is StopOutcome.ACKNOWLEDGED
     assert session.attempts == 2
+
+
+class _SlowToAnswer(BaseSession):
+    """A backend whose stop attempt answers only after 300 ms (past the 200 ms cleanup bound)."""
+
+    def __init__(self, timer: VirtualTimer, *, rejoin: bool) -> None:
+        super().__init__(ble_scope(), RecordingSink(), timer)
+        self.rejoin_stalled_attempt = rejoin
+        self.attempts: list[int] = []
+
+    async def _stop_backend(self) -> str | None:
+        self.attempts.append(self._timer.now_ms())
+        await sleep_ms(self._timer, 300)
+        return None
+
+
+@pytest.mark.asyncio
+async def test_a_stop_after_a_stalled_attempt_joins_it_when_the_backend_may_still_answer() -> None:
+    timer = VirtualTimer(start_ms=0)
+    session = _SlowToAnswer(timer, rejoin=True)
+    with pytest.raises(StopUnconfirmed) as unconfirmed:
+        await on_virtual_time(timer, session.stop)
+    assert timer.now_ms() == 200, "cut at the cleanup bound (no proof to wait for)"
+    assert list(unconfirmed.value.diagnostics) == [{"code": "provider-stop", "message": "stop-timeout"}]
+    assert await on_virtual_time(timer, session.stop) is StopOutcome.ACKNOWLEDGED
+    assert timer.now_ms() == 300 and session.attempts == [0], "the first attempt's answer confirmed it"
+
+
+@pytest.mark.asyncio
+async def test_a_stop_after_a_stalled_attempt_starts_afresh_when_told_not_to_join() -> None:
+    timer = VirtualTimer(start_ms=0)
+    session = _SlowToAnswer(timer, rejoin=False)
+    with pytest.raises(StopUnconfirmed):
+        await on_virtual_time(timer, session.stop)
+    with pytest.raises(StopUnconfirmed):
+        await on_virtual_time(timer, session.stop)
+    assert session.attempts == [0, 200] and timer.now_ms() == 400
+    assert len(other_tasks()) == 1, "the dropped attempt was cancelled; only the second still runs"
+    await timer.advance(100)  # the second attempt answers at 500, with nobody waiting for it
+    assert other_tasks() == set()
 
 
 class _ResolvingProvider(FaultProvider):
