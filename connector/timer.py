@@ -80,7 +80,9 @@ async def all_tasks_blocked() -> None:
     """Return once every other task waits on something: `anyio.wait_all_tasks_blocked`, without its stall.
 
     anyio's asyncio version sleeps 100 ms of real time whenever a task is still runnable, which a virtual
-    step wakes on every advance; this one yields to the loop until they ran.
+    step wakes on every advance; this one yields to the loop until they ran. "Blocked" must hold for a few
+    loop passes in a row: a task's wake-up can be a chain of callbacks (a finished task's done callback
+    completes the future another task waits on), during which it still looks blocked.
     """
     try:
         this = asyncio.current_task()
@@ -90,8 +92,14 @@ async def all_tasks_blocked() -> None:
         await anyio.wait_all_tasks_blocked()
         return
     await anyio.lowlevel.checkpoint()
-    while not all(task is this or _blocked(task) for task in asyncio.all_tasks()):
+    passes = 0
+    while passes < _BLOCKED_PASSES:
+        blocked = all(task is this or _blocked(task) for task in asyncio.all_tasks())
+        passes = passes + 1 if blocked else 0
         await asyncio.sleep(0)
+
+
+_BLOCKED_PASSES = 3
 
 
 def _blocked(task: asyncio.Task[object]) -> bool:

@@ -231,8 +231,9 @@ _T = TypeVar("_T")
 async def finish_cleanup(cleanup: Awaitable[_T]) -> _T:
     """Run `cleanup` to its end even when the caller is cancelled meanwhile, then raise that cancel.
 
-    Shielded from anyio's cancellation (it comes again once the shield ends); a native `Task.cancel()` that
-    still reaches the caller is held until the cleanup ended and raised then.
+    Shielded from anyio's cancellation, which stays pending and is raised at the caller's next checkpoint
+    (so a failure path may still raise its own error first); a native `Task.cancel()` that still reaches
+    the caller is held until the cleanup ended and raised then.
     """
     task = asyncio.ensure_future(cleanup)
     held: BaseException | None = None

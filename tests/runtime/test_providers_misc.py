@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import types
 from pathlib import Path
 
+import anyio
 import pytest
 
 from connector.core.scope import DiscoveryScope
 from connector.errors import AdmissionError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
 from connector.runtime.claims import ClaimRegistry, claim_key
 from connector.timer import VirtualTimer, fail_at, sleep_ms
-from providers.base import BaseSession, ObservationSink, StopOutcome
+from providers.base import BaseSession, ObservationSink, StopOutcome, finish_cleanup
 from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, FaultSession, StopStep
 from providers.registry import build_provider
 from providers.replay import FixtureError, ReplayProvider
@@ -233,6 +235,50 @@ async def test_a_stop_after_a_stalled_attempt_starts_afresh_when_told_not_to_joi
     assert len(other_tasks()) == 1, "the dropped attempt was cancelled; only the second still runs"
     await timer.advance(100)  # the second attempt answers at 500, with nobody waiting for it
     assert other_tasks() == set()
+
+
+@pytest.mark.asyncio
+async def test_finish_cleanup_runs_to_its_end_through_a_cancel_and_raises_that_cancel_after() -> None:
+    timer = VirtualTimer(start_ms=0)
+    ended: list[str] = []
+
+    async def cleanup() -> str:
+        await sleep_ms(timer, 100)
+        ended.append(f"cleanup at {timer.now_ms()}")
+        return "closed"
+
+    async def caller() -> None:
+        try:
+            await finish_cleanup(cleanup())
+        finally:
+            ended.append(f"caller left at {timer.now_ms()}")
+
+    # A native cancel (asyncio.timeout, Task.cancel) reaches the caller at 10 ms.
+    task = asyncio.ensure_future(caller())
+    await timer.advance(10)
+    task.cancel()
+    await timer.advance(200)
+    assert task.cancelled(), "the cancel was raised, not swallowed"
+    assert ended == ["cleanup at 100", "caller left at 100"]
+    # anyio's cancellation: the scope is cut at 10 ms; the cleanup still ends, and the cut takes effect at
+    # the caller's next checkpoint (anyio's cancellation stays pending until then: it is not swallowed).
+    ended.clear()
+    cuts: list[anyio.CancelScope] = []
+
+    async def cut_caller() -> None:
+        with anyio.CancelScope() as cut:
+            cuts.append(cut)
+            await caller()
+            await anyio.lowlevel.checkpoint()
+            ended.append("not cut")
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(cut_caller)
+        await timer.advance(10)
+        cuts[0].cancel()
+        await timer.advance(200)
+    assert ended == ["cleanup at 310", "caller left at 310"] and cuts[0].cancelled_caught
+    assert await on_virtual_time(timer, lambda: finish_cleanup(cleanup())) == "closed"
 
 
 class _ResolvingProvider(FaultProvider):
