@@ -198,10 +198,8 @@ class DiscoveryManager:
             expected_release_ms=spec.window_end_ms + spec.profile.cleanup_timeout_ms,
         )
         table = CandidateTable(spec.scope, spec.profile, generation=self._new_id(), new_ref=self._new_id)
-        # R1 merge: `timer=self._timer` once the session takes the Timer itself (today a ms clock).
-        clock = self._timer.now_ms
         session = DiscoverySession(
-            spec, provider=provider, table=table, claim=claim, clock=clock, listener=self._listener
+            spec, provider=provider, table=table, claim=claim, timer=self._timer, listener=self._listener
         )
         self._sessions[spec.operation_id] = session
         return session

@@ -291,7 +291,9 @@ async def test_outcomes_reached_while_the_bus_was_away_are_announced_within_rete
 ) -> None:
     env = make_env(tmp_path)
     async with running_connector(env, None, host_retention_seconds=4) as assembled:
-        old = await assembled.host.admit(env.tokens["alice"], command_directive(REDACT, input={"text": "a"}))
+        old = await assembled.host.admit(
+            assembled.host.authenticate(env.tokens["alice"]), command_directive(REDACT, input={"text": "a"})
+        )
         assert isinstance(old, Accepted)
         old_id = old.handle["operation/id"]
         with anyio.fail_after(15):
@@ -299,7 +301,7 @@ async def test_outcomes_reached_while_the_bus_was_away_are_announced_within_rete
                 await anyio.sleep(0.05)
         await anyio.sleep(4.5)  # now older than the retention
         redact = command_directive(REDACT, input={"text": "b"})
-        recent = await assembled.host.admit(env.tokens["alice"], redact)
+        recent = await assembled.host.admit(assembled.host.authenticate(env.tokens["alice"]), redact)
         assert isinstance(recent, Accepted)
         recent_id = recent.handle["operation/id"]
         with anyio.fail_after(15):
@@ -458,7 +460,7 @@ async def test_an_unreachable_broker_delays_readiness_and_not_the_shutdown(tmp_p
             assert not assembled.readiness.ready
             # HTTP keeps working without the Bus.
             redact = command_directive(REDACT, input={"text": "a"})
-            answer = await assembled.host.admit(env.tokens["alice"], redact)
+            answer = await assembled.host.admit(assembled.host.authenticate(env.tokens["alice"]), redact)
             assert isinstance(answer, Accepted)
 
 
@@ -473,7 +475,9 @@ async def test_a_handle_equal_to_an_http_idempotency_key_is_refused(
         running_connector(env, broker.url, providers=providers) as assembled,
         client(broker.url, token) as bus,
     ):
-        http = await assembled.host.admit(token, {**ble_scan(30), "idempotency_key": "shared-1"})
+        http = await assembled.host.admit(
+            assembled.host.authenticate(token), {**ble_scan(30), "idempotency_key": "shared-1"}
+        )
         assert isinstance(http, Accepted)
         with pytest.raises(BusRefused) as refused:
             await bus.start(ble_scan(30), op="shared-1")

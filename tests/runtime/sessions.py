@@ -1,23 +1,28 @@
-"""Driving sessions in tests: start one on a manager, poll it to the end, check the whole poll sequence."""
+"""Driving sessions in tests: start one on a manager, poll it to the end, check the whole poll sequence.
+
+With a `VirtualTimer` the session, its provider and the polls run on virtual time: a poll "every 20 ms" is
+a 20 ms advance of the timer, and nothing waits on the wall clock.
+"""
 
 from __future__ import annotations
 
 import json
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import anyio
 
 from connector.core.admission import SessionSpec
+from connector.core.clock import wall_clock_ms
 from connector.core.endings import CleanupState
 from connector.core.ids import OPERATION_KIND, random_operation_id
-from connector.core.projections import durable_metadata
+from connector.core.projections import caller_status_v2, disclosed_refs, durable_metadata
 from connector.core.scope import DiscoveryProfile, DiscoveryScope
 from connector.runtime.manager import DiscoveryManager, ScanAdmission
 from connector.runtime.session import DiscoverySession
-from connector.timer import WALL_TIMER, Timer
+from connector.timer import VirtualTimer
 from providers.base import Provider
 from tests.runtime.support import PROFILE, ble_scope
 
@@ -42,10 +47,12 @@ class Started:
         return self.session.is_terminal and self.session.cleanup_state is CleanupState.CONFIRMED
 
 
-def fast_manager(**options: Any) -> DiscoveryManager:
-    """A manager whose background cleanup retries are quick enough for tests."""
+def fast_manager(timer: VirtualTimer | None = None, **options: Any) -> DiscoveryManager:
+    """A manager whose background cleanup retries are quick enough for tests; on `timer` when given."""
     options.setdefault("cleanup_retry_initial_s", 0.05)
     options.setdefault("cleanup_retry_max_s", 0.2)
+    if timer is not None:
+        options["timer"] = timer
     return DiscoveryManager(**options)
 
 
@@ -61,10 +68,10 @@ async def start(
     cut_by_deadline: bool = False,
     owner: str = "alice",
     operation_id: str | None = None,
-    timer: Timer = WALL_TIMER,
+    timer: VirtualTimer | None = None,
 ) -> Started:
-    """Admit a scan on `manager`, its moments on `timer` (the manager's own)."""
-    now = timer.now_ms()
+    """Admit a scan on `manager`, its moments on `timer` (the manager's own) when given."""
+    now = wall_clock_ms() if timer is None else timer.now_ms()
     spec = SessionSpec(
         operation_id=operation_id or new_operation_id(),
         owner=owner,
@@ -84,9 +91,16 @@ async def start(
 
 
 async def poll_to_end(
-    manager: DiscoveryManager, operation_id: str, *, every_s: float = 0.02, limit_s: float = 5.0
+    manager: DiscoveryManager,
+    operation_id: str,
+    *,
+    every_s: float = 0.02,
+    limit_s: float = 5.0,
+    timer: VirtualTimer | None = None,
 ) -> list[dict[str, Any]]:
     """Poll until terminal (and once more after) as a caller would, returning every status delivered."""
+    if timer is not None:
+        return await _poll_on(timer, manager, operation_id, every_ms=int(every_s * 1000))
     polls: list[dict[str, Any]] = []
     with anyio.fail_after(limit_s):
         while True:
@@ -96,6 +110,43 @@ async def poll_to_end(
             await anyio.sleep(every_s)
     polls.append(await delivered_status(manager, operation_id))
     return polls
+
+
+async def _poll_on(
+    timer: VirtualTimer, manager: DiscoveryManager, operation_id: str, *, every_ms: int
+) -> list[dict[str, Any]]:
+    """`poll_to_end` on virtual time: a poll, then `every_ms` of the timer, until terminal."""
+    polls = [delivered_now(manager, operation_id)]
+    await drive_until(
+        timer,
+        lambda: polls[-1]["status"] not in ("pending", "running"),
+        every_ms=every_ms,
+        between=lambda: polls.append(delivered_now(manager, operation_id)),
+    )
+    polls.append(delivered_now(manager, operation_id))
+    return polls
+
+
+async def drive_until(
+    timer: VirtualTimer,
+    done: Callable[[], bool],
+    *,
+    every_ms: int = 20,
+    limit_ms: int = 120_000,
+    between: Callable[[], object] = lambda: None,
+) -> None:
+    """Advance `timer` `every_ms` at a time until `done()`; `between` runs after each step.
+
+    A checkpoint follows each step: the manager's background retries still sleep on the loop until the
+    manager takes the timer, and they must get their turn.
+    """
+    deadline_ms = timer.now_ms() + limit_ms
+    while not done():
+        if timer.now_ms() >= deadline_ms:
+            raise AssertionError(f"not done within {limit_ms} ms of virtual time")
+        await timer.advance(every_ms)
+        await anyio.sleep(0)
+        between()
 
 
 async def until_terminal(
@@ -130,11 +181,15 @@ async def cancelled(manager: DiscoveryManager, operation_id: str) -> dict[str, A
     return answer[1]
 
 
-def metadata_of(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
-    """The durable metadata of a scan the manager holds."""
+def _held(manager: DiscoveryManager, operation_id: str) -> DiscoverySession:
     session = manager.session(operation_id)
     assert session is not None, "the manager no longer holds the scan"
-    return durable_metadata(session.view())
+    return session
+
+
+def metadata_of(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
+    """The durable metadata of a scan the manager holds."""
+    return durable_metadata(_held(manager, operation_id).view())
 
 
 async def delivered_status(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
@@ -142,6 +197,19 @@ async def delivered_status(manager: DiscoveryManager, operation_id: str) -> dict
     document = await status_of(manager, operation_id)
     manager.mark_disclosed(operation_id)
     return document
+
+
+def status_now(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
+    """The current status without a checkpoint (a read: nothing counts as disclosed)."""
+    return caller_status_v2(_held(manager, operation_id).view())
+
+
+def delivered_now(manager: DiscoveryManager, operation_id: str) -> dict[str, Any]:
+    """`delivered_status` without a checkpoint (between two steps of a virtual timer)."""
+    session = _held(manager, operation_id)
+    view = session.view()
+    session.disclosed.update(disclosed_refs(view))
+    return caller_status_v2(view)
 
 
 def assert_valid_polls(polls: Sequence[Mapping[str, Any]]) -> None:

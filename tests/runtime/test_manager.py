@@ -31,7 +31,7 @@ from tests.runtime.sessions import (
     waited,
     with_profile,
 )
-from tests.runtime.support import ble_scope, other_tasks, stranger, strap
+from tests.runtime.support import ble_scope, on_virtual_time, other_tasks, stranger, strap
 
 STRAPS = [(i * 20, strap(i)) for i in range(5)]
 CANARY = "CANARY-d41c"
@@ -141,13 +141,14 @@ async def handle_finished(manager: DiscoveryManager, operation_id: str) -> None:
 @pytest.mark.asyncio
 async def test_long_poll_wakes_on_a_new_revision_and_returns_at_timeout_otherwise() -> None:
     timer = VirtualTimer()
-    provider = FaultProvider([(100, strap(1))])
+    provider = FaultProvider([(100, strap(1))], timer=timer)
     async with fast_manager(timer=timer) as manager:
         handle = await start(manager, provider, window_ms=3_000, timer=timer)
         began = timer.now_ms()
-        # The waits that must wake early wake with the clock standing still: no timeout played a part.
-        status = await waited(manager, handle.operation_id, 0, 30.0)
-        assert status["progress"]["revision"] == 1 and timer.now_ms() == began
+        # The waits that must wake early wake long before their timeout, at the provider's 100 ms.
+        status = await on_virtual_time(timer, lambda: waited(manager, handle.operation_id, 0, 30.0))
+        assert status["progress"]["revision"] == 1 and timer.now_ms() < began + 1_000
+        woke = timer.now_ms()
         async with anyio.create_task_group() as group:
             quiet: list[dict[str, Any]] = []
 
@@ -161,8 +162,8 @@ async def test_long_poll_wakes_on_a_new_revision_and_returns_at_timeout_otherwis
         # Still running: it returned at its own timeout, not at the window's end.
         assert quiet[0]["progress"]["revision"] == 1 and quiet[0]["status"] == "running"
         await manager.cancel(handle.operation_id)
-        terminal = await waited(manager, handle.operation_id, None, 30.0)
-        assert terminal["status"] == "cancelled" and timer.now_ms() == began + 150
+        terminal = await on_virtual_time(timer, lambda: waited(manager, handle.operation_id, None, 30.0))
+        assert terminal["status"] == "cancelled" and timer.now_ms() < woke + 150 + 1_000
 
 
 @pytest.mark.asyncio
@@ -170,7 +171,9 @@ async def test_a_completed_result_is_erased_after_its_retention() -> None:
     timer = VirtualTimer()
     profile = with_profile(result_retention_seconds=30)
     async with fast_manager(timer=timer) as manager:
-        handle = await start(manager, FaultProvider(STRAPS), profile=profile, window_ms=150, timer=timer)
+        handle = await start(
+            manager, FaultProvider(STRAPS, timer=timer), profile=profile, window_ms=150, timer=timer
+        )
         await ended(timer, handle.session, after_ms=150)
         final = await delivered_status(manager, handle.operation_id)
         ref = next(c["candidate/ref"] for c in final["result"]["candidates"] if c["label"] == "strap-3")
@@ -195,7 +198,9 @@ async def test_metadata_retention_forgets_the_operation() -> None:
     timer = VirtualTimer()
     async with fast_manager(timer=timer, metadata_retention_seconds=60) as manager:
         profile = with_profile(result_retention_seconds=10)
-        handle = await start(manager, FaultProvider([]), profile=profile, window_ms=50, timer=timer)
+        handle = await start(
+            manager, FaultProvider([], timer=timer), profile=profile, window_ms=50, timer=timer
+        )
         await ended(timer, handle.session, after_ms=50)
         ended_at = handle.session.terminal_at_ms
         assert ended_at is not None
@@ -213,7 +218,9 @@ async def test_a_journal_forgets_at_result_retention_and_keeps_the_row_it_insert
     journal = RecordingJournal()
     async with fast_manager(timer=timer, journal=journal) as manager:
         profile = with_profile(result_retention_seconds=10)
-        handle = await start(manager, FaultProvider(STRAPS), profile=profile, window_ms=50, timer=timer)
+        handle = await start(
+            manager, FaultProvider(STRAPS, timer=timer), profile=profile, window_ms=50, timer=timer
+        )
         assert [row.status for row in journal.inserted] == ["pending"], "inserted before the runner ran"
         assert journal.inserted[0].operation_id == handle.operation_id
         await ended(timer, handle.session, after_ms=50)
@@ -226,7 +233,9 @@ async def test_a_journal_forgets_at_result_retention_and_keeps_the_row_it_insert
 @pytest.mark.asyncio
 async def test_an_uncertain_cleanup_is_retried_with_backoff_on_the_timer_until_acknowledged() -> None:
     timer = VirtualTimer()
-    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(RAISE, RAISE, RAISE, StopStep("ack"))))
+    provider = FaultProvider(
+        STRAPS, fault=Fault(stop_plan=(RAISE, RAISE, RAISE, StopStep("ack"))), timer=timer
+    )
     options = {"cleanup_retry_initial_s": 1.0, "cleanup_retry_max_s": 4.0}
     async with fast_manager(timer=timer, **options) as manager:
         handle = await start(manager, provider, window_ms=100, timer=timer)
@@ -327,12 +336,12 @@ async def test_an_internal_error_ends_only_that_session_and_logs_no_detail(
 async def test_a_long_poll_during_a_pending_cancel_waits_for_the_end_instead_of_spinning() -> None:
     timer = VirtualTimer()
     # The stop takes real time (the provider's): long enough that the virtual wait ends first.
-    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(StopStep("ack", delay_ms=500),)))
+    provider = FaultProvider(STRAPS, fault=Fault(stop_plan=(StopStep("ack", delay_ms=500),)), timer=timer)
     scope = ble_scope(cleanup_timeout_ms=5_000)  # the slow stop is still an acknowledged one
     profile = with_profile(cleanup_timeout_ms=5_000)
     async with fast_manager(timer=timer) as manager:
         handle = await start(manager, provider, window_ms=5_000, timer=timer, scope=scope, profile=profile)
-        first = await waited(manager, handle.operation_id, 0, 2.0)
+        first = await on_virtual_time(timer, lambda: waited(manager, handle.operation_id, 0, 2.0))
         await manager.cancel(handle.operation_id)
         async with anyio.create_task_group() as group:
             quiet: list[dict[str, Any]] = []
@@ -345,7 +354,7 @@ async def test_a_long_poll_during_a_pending_cancel_waits_for_the_end_instead_of_
             assert quiet == [], "an invisible revision does not end the wait"
             await timer.advance(1)
         assert quiet[0]["cancellation"]["state"] == "requested" and "progress" not in quiet[0]
-        final = await waited(manager, handle.operation_id, None, 30.0)
+        final = await on_virtual_time(timer, lambda: waited(manager, handle.operation_id, None, 30.0))
         assert final["status"] == "cancelled"
         assert_valid_polls([first, quiet[0], final])
 
@@ -394,10 +403,9 @@ class RecordingJournal:
 
 
 async def ended(timer: VirtualTimer, session: DiscoverySession, *, after_ms: int) -> None:
-    """Move the clock past the window; the session (which still sleeps on the loop) then ends."""
+    """Move the clock past the window, then on until the session ended and its runner recorded it."""
     await timer.advance(after_ms)
-    with anyio.fail_after(5):
-        await session.finished.wait()
+    await timer.run_until(session.finished.is_set)
     await timer.advance(0)  # the runner's bookkeeping after the end (record, claim, schedule)
 
 
