@@ -18,13 +18,53 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip hardware tests unless `--hw` or SENSORIUM_HW=1."""
+    """Mark real-time tests, keep each module's shared peer on one xdist worker, skip hardware tests."""
+    for item in items:
+        _mark_realtime(item)
+        _group_module_fixtures(item)
     if config.getoption("--hw") or os.environ.get("SENSORIUM_HW") == "1":
         return
     skip = pytest.mark.skip(reason="needs a real adapter: pass --hw or set SENSORIUM_HW=1")
     for item in items:
         if "hw" in item.keywords:
             item.add_marker(skip)
+
+
+# A test that uses one of these fixtures waits on a real peer (a nats-server, the emulated BlueZ on its
+# dbus-daemon, avahi in a network namespace, a lab of processes) in real time.
+_REAL_PEER_FIXTURES = frozenset(
+    {"broker", "bluez", "lab", "shared_lo_lab", "fresh_lo_lab", "veth_lab", "ipv6_lab"}
+)
+# Markers that already say a test drives real processes.
+_REAL_PROCESS_MARKERS = ("serve", "lab", "browser", "terminal", "hw")
+
+
+def _mark_realtime(item: pytest.Item) -> None:
+    """`realtime` for a test on a real peer or process, when its module did not say so itself."""
+    if item.get_closest_marker("realtime") is not None:
+        return
+    uses_peer = not _REAL_PEER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+    if uses_peer or any(item.get_closest_marker(name) for name in _REAL_PROCESS_MARKERS):
+        item.add_marker(pytest.mark.realtime)
+
+
+def _group_module_fixtures(item: pytest.Item) -> None:
+    """Under `--dist loadgroup`, a module whose tests share a module-scoped fixture (a lab, a built wheel, a
+    serve process) runs on one worker, so that the fixture starts once and never twice side by side."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None or item.get_closest_marker("xdist_group") is not None:
+        return
+    for definitions in info.name2fixturedefs.values():
+        fixture = definitions[-1]
+        if fixture.scope in ("module", "package") and _ours(fixture.func):
+            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
+            return
+
+
+def _ours(func: object) -> bool:
+    """A fixture defined in this suite (not one of a plugin's)."""
+    module = getattr(func, "__module__", "") or ""
+    return module == "tests" or module.startswith("tests.")
 
 
 @pytest.fixture

@@ -22,6 +22,8 @@ from tests.api.support import (
 )
 from tests.support.directives import command_directive, scan_directive
 
+pytestmark = pytest.mark.realtime  # every test runs command subprocesses
+
 
 async def _pid_from(marker: Path) -> int:
     with anyio.fail_after(15):

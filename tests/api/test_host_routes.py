@@ -90,6 +90,7 @@ async def test_only_the_owner_with_a_current_grant_sees_the_operation(tmp_path: 
         assert record.status == "failed" and record.metadata["error_code"] == "grant-revoked"
 
 
+@pytest.mark.realtime  # command subprocesses
 async def test_an_operation_the_connector_forgot_becomes_unknown(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path)
     async with host_app(tmp_path, host_poller=False) as (assembled, client):
@@ -133,6 +134,7 @@ async def test_a_discovery_status_over_the_size_limit_ends_failed(tmp_path: Path
         assert connector["cleanup"]["state"] == "confirmed"
 
 
+@pytest.mark.realtime  # command subprocesses
 async def test_a_command_status_over_the_size_limit_ends_failed(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path, ("test.flood",))
     catalog, _ = signed_catalog(tmp_path / "catalog", tmp_path / "marker")
@@ -176,6 +178,7 @@ async def test_cancel_is_bridged_for_a_scan_through_requested_to_cancelled(tmp_p
         assert record is not None and record.status == "cancelled"
 
 
+@pytest.mark.realtime  # command subprocesses
 async def test_cancel_of_commands_is_bridged_only_where_a_cancel_href_exists(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path, ("test.slow", "test.stubborn"))
     catalog, _ = signed_catalog(tmp_path / "catalog", tmp_path / "marker")

@@ -86,6 +86,7 @@ async def test_a_terminal_status_ends_the_wait(tmp_path: Path) -> None:
         assert settled["status"] in ("running", "cancelled") and "progress" not in settled
 
 
+@pytest.mark.realtime  # a command subprocess
 @pytest.mark.asyncio
 async def test_commands_long_poll_until_terminal(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory()) as h:

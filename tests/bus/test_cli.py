@@ -19,6 +19,8 @@ from tests.support.directives import command_directive
 from tests.support.serving import cli_argv, cli_env
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.realtime  # every test runs the CLI, most against a nats-server and serve
+
 
 async def run_cli(*args: str, token: str | None, timeout: float = 60.0) -> tuple[int, str, str]:
     """Run one command line; its exit code, stdout and stderr."""

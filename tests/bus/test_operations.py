@@ -33,10 +33,14 @@ from tests.bus.support import (
     watch_states,
 )
 from tests.host.support import EndsBeforeTheHostLooks
+from tests.support.clocks import OffsetClock
 from tests.support.directives import command_directive, scan_directive
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.realtime  # every test runs a nats-server (or waits for one) and commands
+
 TERMINAL = {"done", "failed", "cancelled", "lost"}
+RETENTION_PASSED = timedelta(seconds=4.5)  # past the 4 s host retention of the retention test
 
 
 async def _record(registry: Any, owner: str, op: str) -> OperationRecord:
@@ -50,6 +54,16 @@ async def _terminal(registry: Any, owner: str, op: str, timeout: float = 15.0) -
     with anyio.fail_after(timeout):
         while True:
             record = await registry.find_by_bus_op(owner, op)
+            if record is not None and record.terminal:
+                return record  # type: ignore[no-any-return]
+            await anyio.sleep(0.05)
+
+
+async def _terminal_by_id(registry: Any, operation_id: str, timeout: float = 15.0) -> OperationRecord:
+    """Wait until the registry holds a terminal status for the operation id (the command runs for real)."""
+    with anyio.fail_after(timeout):
+        while True:  # real peer: the command runs in real time
+            record = await registry.get(operation_id)
             if record is not None and record.terminal:
                 return record  # type: ignore[no-any-return]
             await anyio.sleep(0.05)
@@ -290,30 +304,28 @@ async def test_outcomes_reached_while_the_bus_was_away_are_announced_within_rete
     tmp_path: Path, broker: NatsServer
 ) -> None:
     env = make_env(tmp_path)
-    async with running_connector(env, None, host_retention_seconds=4) as assembled:
+    # The command and the host's polls run in real time; retention ages by moving this clock, not by sleeps.
+    clock = OffsetClock()
+    async with running_connector(env, None, host_retention_seconds=4, clock=clock) as assembled:
         old = await assembled.host.admit(env.tokens["alice"], command_directive(REDACT, input={"text": "a"}))
         assert isinstance(old, Accepted)
         old_id = old.handle["operation/id"]
-        with anyio.fail_after(15):
-            while not ((r := await assembled.registry.get(old_id)) and r.terminal):
-                await anyio.sleep(0.05)
-        await anyio.sleep(4.5)  # now older than the retention
+        await _terminal_by_id(assembled.registry, old_id)
+        clock.offset += RETENTION_PASSED  # now older than the retention
         redact = command_directive(REDACT, input={"text": "b"})
         recent = await assembled.host.admit(env.tokens["alice"], redact)
         assert isinstance(recent, Accepted)
         recent_id = recent.handle["operation/id"]
-        with anyio.fail_after(15):
-            while not ((r := await assembled.registry.get(recent_id)) and r.terminal):
-                await anyio.sleep(0.05)
+        await _terminal_by_id(assembled.registry, recent_id)
     async with (
         spying(broker.url) as spy,
-        running_connector(env, broker.url, host_retention_seconds=4),
+        running_connector(env, broker.url, host_retention_seconds=4, clock=clock),
         client(broker.url, env.tokens["alice"]) as bus,
     ):
         await wait_until(lambda: spy.done(recent_id))
         assert (await bus.get(recent_id))["state"] == "done"
         assert await bus.get(old_id) == {"op": old_id, "state": "unknown"}
-        await anyio.sleep(4.5)
+        clock.offset += RETENTION_PASSED
         assert await bus.get(recent_id) == {"op": recent_id, "state": "unknown"}  # past retention now
     assert len(spy.done(recent_id)) == 1 and spy.done(old_id) == []
 

@@ -77,6 +77,7 @@ async def test_admin_routes_need_an_operator(tmp_path: Path) -> None:
         assert unknown.status_code == 404 and unknown.json()["code"] == "unknown-operation"
 
 
+@pytest.mark.realtime  # command subprocesses
 async def test_list_and_detail_show_the_durable_projection_and_history_digests(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path)
     async with host_app(tmp_path, host_poller=False) as (assembled, client):
@@ -151,6 +152,7 @@ async def test_poll_now_polls_through_the_connector_and_counts_an_attempt(tmp_pa
         )  # terminal: no poll
 
 
+@pytest.mark.realtime  # command subprocesses
 async def test_operator_cancel_is_bridged_where_cancelable(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path, ("test.stubborn",))
     catalog, _ = signed_catalog(tmp_path / "catalog", tmp_path / "marker")

@@ -47,6 +47,7 @@ def flow_continuation() -> dict[str, Any]:
     }
 
 
+@pytest.mark.realtime  # command subprocesses
 async def test_a_restart_interrupts_discovery_mirrors_commands_and_restarts_nothing(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path, ("test.slow",))
     catalog, _ = signed_catalog(tmp_path / "catalog", tmp_path / "marker")
