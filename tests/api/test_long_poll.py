@@ -79,7 +79,7 @@ async def test_a_terminal_status_ends_the_wait(tmp_path: Path) -> None:
         running = (await h.invoke("alice", scan_directive(20))).headers["location"]
         await h.poll("alice", running, lambda d: _revision(d) >= 1)
         waiter = asyncio.ensure_future(h.get("alice", running, wait_seconds=25, after_revision=1))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # wall clock: the waiter parks in the runtime's long poll
         assert not waiter.done()
         await h.post("alice", running + "/cancel")
         settled = (await asyncio.wait_for(waiter, 10.0)).json()
@@ -122,7 +122,7 @@ async def test_a_revocation_during_the_wait_answers_unknown(tmp_path: Path) -> N
         location = (await h.invoke("alice", scan_directive(20))).headers["location"]
         await h.poll("alice", location, lambda d: _revision(d) >= 1)
         waiter = asyncio.ensure_future(h.get("alice", location, wait_seconds=25, after_revision=1))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # wall clock: the waiter parks in the runtime's long poll
         revoke = await h.client.post(
             f"/v1/admin/principals/alice/revoke?action_id={SCAN}", headers=h.auth("root")
         )

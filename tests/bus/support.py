@@ -245,7 +245,7 @@ async def running_connector(
         if nats_url is not None and wait_bus:
             with anyio.fail_after(10):
                 while not assembled.readiness.bus_subscribed:
-                    await anyio.sleep(0.01)
+                    await anyio.sleep(0.01)  # real peer: the Bus subscriptions go live on the nats-server
         yield assembled
 
 

@@ -87,7 +87,7 @@ async def test_watch_exits_with_the_terminal_state(tmp_path: Path, broker: NatsS
             await bus.start(command_directive(FAIL), op="cli-failed")
             with anyio.fail_after(30):  # cancelled while it runs, not before it started
                 while (await bus.get("cli-cancelled"))["state"] != "running":
-                    await anyio.sleep(0.05)
+                    await anyio.sleep(0.05)  # real peer: the command subprocess starts under serve
             assert (await bus.cancel("cli-cancelled"))["cancelled"] is True
         token_file = tmp_path / "token"
         token_file.write_text(token + "\n")

@@ -56,17 +56,17 @@ async def _terminal(registry: Any, owner: str, op: str, timeout: float = 15.0) -
             record = await registry.find_by_bus_op(owner, op)
             if record is not None and record.terminal:
                 return record  # type: ignore[no-any-return]
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # real peer: the connector's tasks write the registry (commands, nats)
 
 
 async def _terminal_by_id(registry: Any, operation_id: str, timeout: float = 15.0) -> OperationRecord:
     """Wait until the registry holds a terminal status for the operation id (the command runs for real)."""
     with anyio.fail_after(timeout):
-        while True:  # real peer: the command runs in real time
+        while True:
             record = await registry.get(operation_id)
             if record is not None and record.terminal:
                 return record  # type: ignore[no-any-return]
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # real peer: the command runs in a subprocess
 
 
 async def _answered(request: Any, timeout: float = 15.0) -> dict[str, Any]:
@@ -76,7 +76,7 @@ async def _answered(request: Any, timeout: float = 15.0) -> dict[str, Any]:
             try:
                 return await request()  # type: ignore[no-any-return]
             except NoRespondersError:
-                await anyio.sleep(0.1)
+                await anyio.sleep(0.1)  # real peer: the Bus service is reconnecting to the broker
 
 
 def _no_private_keys(document: dict[str, Any]) -> None:
@@ -124,7 +124,7 @@ async def test_scan_start_get_done_and_retries_join_the_same_work(tmp_path: Path
         # The operation id is a handle too.
         assert (await bus.get(record.operation_id))["state"] == "done"
         await wait_until(lambda: spy.done("scan-1"))
-        await anyio.sleep(0.5)
+        await anyio.sleep(0.5)  # real peer: a second op.done would have reached the spy by now
     assert providers.starts == 1
     [done] = spy.done("scan-1")
     assert (done["state"], done["reason"], done["operation/id"]) == (
@@ -197,7 +197,7 @@ async def test_command_actions_start_get_cancel_done(tmp_path: Path, broker: Nat
         for op in ("redact-1", "sleep-1", "fail-1"):
             await _terminal(assembled.registry, "alice", op)
         await wait_until(lambda: all(spy.done(op) for op in ("redact-1", "sleep-1", "fail-1")))
-        await anyio.sleep(0.5)
+        await anyio.sleep(0.5)  # real peer: a second op.done would have reached the spy by now
     assert [d["state"] for d in spy.done("redact-1")] == ["done"]
     assert [d["state"] for d in spy.done("sleep-1")] == ["cancelled"]
     assert [(d["state"], d["reason"]) for d in spy.done("fail-1")] == [("failed", "command-failed")]
@@ -213,7 +213,9 @@ async def test_scan_cancel_is_confirmed_and_announced_once(tmp_path: Path, broke
         client(broker.url, env.tokens["alice"]) as bus,
     ):
         await bus.start(ble_scan(30), op="long-scan")
-        await anyio.sleep(0.5)
+        with anyio.fail_after(10):  # real peer: the scan runs on the wall clock
+            while (await bus.get("long-scan"))["state"] != "running":
+                await anyio.sleep(0.05)
         first = await bus.cancel("long-scan")
         assert first["cancelled"] is True and first["state"] in ("running", "cancelled")
         second = await bus.cancel("long-scan")
@@ -222,7 +224,7 @@ async def test_scan_cancel_is_confirmed_and_announced_once(tmp_path: Path, broke
         final = await bus.get("long-scan")
         assert final["cancellation"]["state"] == "confirmed" and final["cleanup"]["claim"] == "released"
         await wait_until(lambda: spy.done("long-scan"))
-        await anyio.sleep(0.5)
+        await anyio.sleep(0.5)  # real peer: a second op.done would have reached the spy by now
     assert [d["state"] for d in spy.done("long-scan")] == ["cancelled"]
 
 
@@ -234,7 +236,7 @@ async def test_a_caller_that_was_away_catches_up(tmp_path: Path, broker: NatsSer
             await bus.start(ble_scan(1), op="away-1")
         # Nobody listens while the scan ends and its op.done goes out.
         await _terminal(assembled.registry, "alice", "away-1")
-        await anyio.sleep(0.3)
+        await anyio.sleep(0.3)  # real peer: the op.done goes out to a broker nobody listens on
         async with client(broker.url, env.tokens["alice"]) as bus:
             got = await bus.get("away-1")
             assert (got["state"], got["reason"]) == ("done", "window-complete")
@@ -264,13 +266,14 @@ async def test_broker_restart_mid_operation_loses_no_outcome(tmp_path: Path, bro
                 broker.kill()
                 # The scan ends while the broker is gone: its op.done cannot go out now.
                 await _terminal(assembled.registry, "alice", "outage-1")
+                # real peer: the broker stays down while the connector tries to publish
                 await anyio.sleep(0.5)
                 await anyio.to_thread.run_sync(broker.start)
         assert states[-1] == "done"
         # The connector answers again once it has reconnected: a cancel of the other operation works.
         assert (await _answered(lambda: bus.cancel("outage-2")))["cancelled"] is True
         await wait_until(lambda: spy.done("outage-1") and spy.done("outage-2"))
-        await anyio.sleep(0.5)
+        await anyio.sleep(0.5)  # real peer: a second op.done would have reached the spy by now
     assert [d["state"] for d in spy.done("outage-1")] == ["done"]
     assert [d["state"] for d in spy.done("outage-2")] == ["cancelled"]
 
@@ -294,7 +297,8 @@ async def test_interrupted_operations_are_lost_exactly_once_across_restarts(
             )
             assert await watch_states(bus, "cut-1", poll_interval=None) == ["lost"]
         async with running_connector(env, broker.url):
-            await anyio.sleep(1.0)  # the third start sweeps the registry too: nothing is owed any more
+            # real peer: the third start sweeps the registry too: nothing is owed any more
+            await anyio.sleep(1.0)
     [lost] = spy.done("cut-1")
     assert (lost["state"], lost["reason"], lost["status"]) == ("lost", "interrupted-by-restart", "failed")
 
@@ -465,7 +469,7 @@ async def test_an_unreachable_broker_delays_readiness_and_not_the_shutdown(tmp_p
         url = f"nats://127.0.0.1:{probe.getsockname()[1]}"
     with anyio.fail_after(10):
         async with running_connector(env, url, wait_bus=False) as assembled:
-            await anyio.sleep(1.5)
+            await anyio.sleep(1.5)  # real peer: a broker that never answers, retried meanwhile
             assert assembled.readiness.interrupted_marked and not assembled.readiness.bus_subscribed
             assert not assembled.readiness.ready
             # HTTP keeps working without the Bus.

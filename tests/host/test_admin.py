@@ -139,6 +139,7 @@ async def test_poll_now_polls_through_the_connector_and_counts_an_attempt(tmp_pa
         assert polled.status_code == 200 and polled.json()["operation"]["attempts"] == 1
         with anyio.fail_after(10):
             while polled.json()["operation"]["status"] != "completed":
+                # wall clock: the scan's 1 s window in the in-process runtime
                 await anyio.sleep(0.1)
                 polled = await client.post(f"{ADMIN}/{op_id}/poll", headers=bearer(tokens.operator))
         _no_private_parts(polled.json())
@@ -171,6 +172,7 @@ async def test_operator_cancel_is_bridged_where_cancelable(tmp_path: Path) -> No
             while (await client.post(f"{ADMIN}/{op_id}/poll", headers=bearer(tokens.operator))).json()[
                 "operation"
             ]["status"] != "cancelled":
+                # wall clock: the runtime confirms the scan's stop in its own tasks
                 await anyio.sleep(0.05)
         terminal_again = await client.post(f"{ADMIN}/{op_id}/cancel", headers=bearer(tokens.operator))
         assert (

@@ -212,11 +212,13 @@ async def test_the_loop_wakes_on_admission_and_polls_when_due(tmp_path: Path) ->
             clock.advance(1)
             with anyio.fail_after(5):
                 while (record := await host.registry.get(op_id)) is None or record.attempts == 0:
+                    # real peer: the registry's aiosqlite thread; the poller sleeps on the wall clock
                     await anyio.sleep(0.01)
             assert record.status == "running"
             clock.advance(900)  # past expiry: the command's stop runs in the poller's task group
             with anyio.fail_after(5):
                 while port.stops == []:
+                    # real peer: the registry's aiosqlite thread; the poller sleeps on the wall clock
                     await anyio.sleep(0.01)
             assert poller.batch == 1000
         assert host.spawn is None and host.on_admitted is None

@@ -72,7 +72,7 @@ async def test_a_restart_interrupts_discovery_mirrors_commands_and_restarts_noth
         )
         with anyio.fail_after(15):
             while (await assembled.commands.status(slow["operation/id"]))["status"] != "running":
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # real peer: the command subprocess starts
         assert (await assembled.commands.wait_status(quick["operation/id"], 15))["status"] == "completed"
         quick_row = await assembled.registry.get(quick["operation/id"])
         assert quick_row is not None and quick_row.status in (

@@ -42,6 +42,7 @@ async def test_serve_mounts_the_host_routes_and_publishes_its_counters(tmp_path:
             while (record := await assembled.registry.get(accepted.json()["operation/id"])) is None or (
                 not record.terminal
             ):
+                # wall clock: the 1 s window, then the poller's own wall-clock cadence
                 await anyio.sleep(0.1)
         metrics = (await client.get("/metrics")).text
     for name in ("polls_total", "terminal_outcomes_total", "expirations_total", "poll_errors_total",
