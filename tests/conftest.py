@@ -17,6 +17,7 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--hw", action="store_true", default=False, help="run tests that need real hardware")
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the `xdist_group` marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Mark real-time tests, keep each module's shared peer on one xdist worker, skip hardware tests."""
     for item in items:
