@@ -9,6 +9,7 @@ scripts/bootstrap.sh
 echo "== ruff" && .venv/bin/ruff check connector providers tests bench scripts
 echo "== mypy" && .venv/bin/mypy
 # pytest-xdist: most tests wait on real peers (nats-server, serve, the emulated BlueZ), so more workers than
-# cores pay; a module sharing one peer stays on one worker (--dist loadgroup, see tests/conftest.py).
-# SENSORIUM_TEST_WORKERS overrides the count; `-n 0` among the arguments runs serially.
-echo "== pytest" && exec .venv/bin/python -m pytest -n "${SENSORIUM_TEST_WORKERS:-4}" --dist loadgroup "$@"
+# cores pay. `--dist loadfile` keeps each file on one worker, so a module-scoped peer (a lab, a built wheel, a
+# shared avahi) starts once and its tests run in order (xdist 3.8's `loadgroup` groups nothing under
+# pytest 9). SENSORIUM_TEST_WORKERS overrides the count; `-n 0` among the arguments runs serially.
+echo "== pytest" && exec .venv/bin/python -m pytest -n "${SENSORIUM_TEST_WORKERS:-4}" --dist loadfile "$@"

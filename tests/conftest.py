@@ -17,12 +17,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addoption("--hw", action="store_true", default=False, help="run tests that need real hardware")
 
 
-@pytest.hookimpl(tryfirst=True)  # before xdist reads the `xdist_group` marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark real-time tests, keep each module's shared peer on one xdist worker, skip hardware tests."""
+    """Mark the tests on real peers and processes `realtime`; skip hardware tests unless asked for."""
     for item in items:
         _mark_realtime(item)
-        _group_module_fixtures(item)
     if config.getoption("--hw") or os.environ.get("SENSORIUM_HW") == "1":
         return
     skip = pytest.mark.skip(reason="needs a real adapter: pass --hw or set SENSORIUM_HW=1")
@@ -47,25 +45,6 @@ def _mark_realtime(item: pytest.Item) -> None:
     uses_peer = not _REAL_PEER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
     if uses_peer or any(item.get_closest_marker(name) for name in _REAL_PROCESS_MARKERS):
         item.add_marker(pytest.mark.realtime)
-
-
-def _group_module_fixtures(item: pytest.Item) -> None:
-    """Under `--dist loadgroup`, a module whose tests share a module-scoped fixture (a lab, a built wheel, a
-    serve process) runs on one worker, so that the fixture starts once and never twice side by side."""
-    info = getattr(item, "_fixtureinfo", None)
-    if info is None or item.get_closest_marker("xdist_group") is not None:
-        return
-    for definitions in info.name2fixturedefs.values():
-        fixture = definitions[-1]
-        if fixture.scope in ("module", "package") and _ours(fixture.func):
-            item.add_marker(pytest.mark.xdist_group(item.nodeid.split("::", 1)[0]))
-            return
-
-
-def _ours(func: object) -> bool:
-    """A fixture defined in this suite (not one of a plugin's)."""
-    module = getattr(func, "__module__", "") or ""
-    return module == "tests" or module.startswith("tests.")
 
 
 @pytest.fixture
