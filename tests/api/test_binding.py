@@ -227,6 +227,7 @@ def _bind_over_http(client: httpx.Client, location: str, ref: str) -> httpx.Resp
     return client.post(location + "/bindings", json={"candidate/ref": ref, "idempotency_key": "bind-k9"})
 
 
+@pytest.mark.serve
 @pytest.mark.realtime  # serve processes and kill -9
 @pytest.mark.timeout(120)
 def test_a_keyed_bind_retry_after_a_kill_9_answers_the_same_binding(tmp_path: Path) -> None:

@@ -144,6 +144,7 @@ def _lines(process: subprocess.Popen[bytes]) -> list[str]:
         return process.stdout.read().decode().splitlines()
 
 
+@pytest.mark.serve
 @pytest.mark.asyncio
 async def test_serve_killed_mid_scan_reports_lost_once_to_a_waiting_watcher(
     tmp_path: Path, broker: NatsServer

@@ -89,6 +89,7 @@ def _serve(data_dir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes],
         yield server.process, server.base_url
 
 
+@pytest.mark.serve
 @pytest.mark.realtime  # serve processes and kill -9
 async def test_a_killed_serve_restarts_with_its_scan_interrupted(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
