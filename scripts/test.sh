@@ -12,4 +12,4 @@ echo "== mypy" && .venv/bin/mypy
 # cores pay. `--dist loadfile` keeps each file on one worker, so a module-scoped peer (a lab, a built wheel, a
 # shared avahi) starts once and its tests run in order (xdist 3.8's `loadgroup` groups nothing under
 # pytest 9). SENSORIUM_TEST_WORKERS overrides the count; `-n 0` among the arguments runs serially.
-echo "== pytest" && exec .venv/bin/python -m pytest -n "${SENSORIUM_TEST_WORKERS:-4}" --dist loadfile "$@"
+echo "== pytest" && exec .venv/bin/python -m pytest -n "${SENSORIUM_TEST_WORKERS:-6}" --dist loadfile "$@"
