@@ -41,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.pop(1)  # run as `python bench/registry.py`, entry 1 is this folder
 
 from connector.contract.canonical import canonical_bytes
+from connector.core.admission import Identified
 from connector.core.authority import Principal, authenticate
 from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.core.lifecycle import Status
@@ -230,7 +231,19 @@ class _RunningPort:
     def action(self, action_id: str) -> ActionInfo | None:
         return ActionInfo(action_id, "discovery", 1, 300)
 
-    async def admit(self, principal: Principal, directive: Any, *, op_key: str | None) -> Accepted | Done:
+    def identify(
+        self, principal: Principal, directive: Any, *, op_key: str | None, operations_only: bool
+    ) -> Identified:
+        raise NotImplementedError
+
+    async def admit(
+        self,
+        principal: Principal,
+        directive: Any,
+        *,
+        op_key: str | None,
+        identified: Identified | None = None,
+    ) -> Accepted | Done:
         raise NotImplementedError
 
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:

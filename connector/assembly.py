@@ -312,7 +312,6 @@ def _open_bus(config: ConnectorConfig, assembled: Assembled, clock: Callable[[],
     return BusAdapter(
         settings,
         host=assembled.host,
-        service=assembled.service,
         registry=assembled.registry,
         data_dir=config.data_dir,
         on_subscribed=assembled.readiness.mark_bus_subscribed,

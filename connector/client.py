@@ -32,11 +32,12 @@ from connector.contract.models import (
     validate_wire,
 )
 from connector.core.lifecycle import TERMINAL_STATUSES
+from connector.errors import Code
 
 Status = DeferredOperationStatusV1 | DeferredOperationStatusV2
 TERMINAL: frozenset[str] = frozenset(status.value for status in TERMINAL_STATUSES)
 MAX_WAIT_SECONDS = 30
-_RETRIED_CODES = frozenset({"too-many-operations", "transport-claimed", "session-not-terminated"})
+_RETRIED_CODES = frozenset({Code.TOO_MANY_OPERATIONS, Code.TRANSPORT_CLAIMED, Code.SESSION_NOT_TERMINATED})
 _LOST_REPLY = (httpx.TransportError,)  # connect, read, write, pool and protocol errors
 
 
@@ -66,145 +67,145 @@ class ProtocolError(Exception):
 class InvalidJsonError(ConnectorError):
     """`invalid-json`."""
 
-    code = "invalid-json"
+    code = Code.INVALID_JSON
 
 
 class UnauthenticatedError(ConnectorError):
     """`unauthenticated`."""
 
-    code = "unauthenticated"
+    code = Code.UNAUTHENTICATED
 
 
 class ForbiddenError(ConnectorError):
     """`forbidden`."""
 
-    code = "forbidden"
+    code = Code.FORBIDDEN
 
 
 class UnknownActionError(ConnectorError):
     """`unknown-action`."""
 
-    code = "unknown-action"
+    code = Code.UNKNOWN_ACTION
 
 
 class UnknownOperationError(ConnectorError):
     """`unknown-operation`."""
 
-    code = "unknown-operation"
+    code = Code.UNKNOWN_OPERATION
 
 
 class UnknownCandidateError(ConnectorError):
     """`unknown-candidate`."""
 
-    code = "unknown-candidate"
+    code = Code.UNKNOWN_CANDIDATE
 
 
 class UnknownBindingError(ConnectorError):
     """`unknown-binding`."""
 
-    code = "unknown-binding"
+    code = Code.UNKNOWN_BINDING
 
 
 class NotFoundError(ConnectorError):
     """`not-found`."""
 
-    code = "not-found"
+    code = Code.NOT_FOUND
 
 
 class MethodNotAllowedError(ConnectorError):
     """`method-not-allowed`."""
 
-    code = "method-not-allowed"
+    code = Code.METHOD_NOT_ALLOWED
 
 
 class ExecutionModeNotSupportedError(ConnectorError):
     """`execution-mode-not-supported`."""
 
-    code = "execution-mode-not-supported"
+    code = Code.EXECUTION_MODE_NOT_SUPPORTED
 
 
 class StatusV2RequiredError(ConnectorError):
     """`status-v2-required`."""
 
-    code = "status-v2-required"
+    code = Code.STATUS_V2_REQUIRED
 
 
 class IdempotencyConflictError(ConnectorError):
     """`idempotency-conflict`."""
 
-    code = "idempotency-conflict"
+    code = Code.IDEMPOTENCY_CONFLICT
 
 
 class TransportClaimedError(ConnectorError):
     """`transport-claimed`."""
 
-    code = "transport-claimed"
+    code = Code.TRANSPORT_CLAIMED
 
 
 class NotCancelableError(ConnectorError):
     """`not-cancelable`."""
 
-    code = "not-cancelable"
+    code = Code.NOT_CANCELABLE
 
 
 class SessionNotTerminatedError(ConnectorError):
     """`session-not-terminated`."""
 
-    code = "session-not-terminated"
+    code = Code.SESSION_NOT_TERMINATED
 
 
 class NotBindableError(ConnectorError):
     """`not-bindable`."""
 
-    code = "not-bindable"
+    code = Code.NOT_BINDABLE
 
 
 class CandidateConsumedError(ConnectorError):
     """`candidate-consumed`."""
 
-    code = "candidate-consumed"
+    code = Code.CANDIDATE_CONSUMED
 
 
 class DeferredNotAcceptedError(ConnectorError):
     """`deferred-not-accepted`."""
 
-    code = "deferred-not-accepted"
+    code = Code.DEFERRED_NOT_ACCEPTED
 
 
 class CandidateExpiredError(ConnectorError):
     """`candidate-expired`."""
 
-    code = "candidate-expired"
+    code = Code.CANDIDATE_EXPIRED
 
 
 class BodyTooLargeError(ConnectorError):
     """`body-too-large`."""
 
-    code = "body-too-large"
+    code = Code.BODY_TOO_LARGE
 
 
 class InvalidDirectiveError(ConnectorError):
     """`invalid-directive`."""
 
-    code = "invalid-directive"
+    code = Code.INVALID_DIRECTIVE
 
 
 class InvalidInputError(ConnectorError):
     """`invalid-input`."""
 
-    code = "invalid-input"
+    code = Code.INVALID_INPUT
 
 
 class TooManyOperationsError(ConnectorError):
     """`too-many-operations`."""
 
-    code = "too-many-operations"
+    code = Code.TOO_MANY_OPERATIONS
 
 
 class InternalError(ConnectorError):
     """`internal`."""
 
-    code = "internal"
+    code = Code.INTERNAL
 
 
 ERRORS: Mapping[str, type[ConnectorError]] = {
@@ -403,7 +404,7 @@ class ConnectorClient:
 
     async def forget(self, binding_id: str) -> None:
         """Forget (erase) a binding; `unknown-binding` after a lost reply means the lost DELETE did it."""
-        await self._request("DELETE", f"/v1/bindings/{binding_id}", done_after_loss=("unknown-binding",))
+        await self._request("DELETE", f"/v1/bindings/{binding_id}", done_after_loss=(Code.UNKNOWN_BINDING,))
 
     async def bindings(self) -> list[BindingEntry]:
         """The bindings this principal may see."""

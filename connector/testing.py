@@ -42,13 +42,14 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 from connector.core.authority import make_grant
+from connector.core.lifecycle import TERMINAL_STATUSES
 from connector.storage.principals import add_principal
 
 if TYPE_CHECKING:
     from connector.client import ConnectorClient as TypedClient
 
 SCAN_ACTION = "device.discovery.scan"
-TERMINAL = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
+TERMINAL: frozenset[str] = frozenset(status.value for status in TERMINAL_STATUSES)
 _SERVING = re.compile(r"serving on (http://127\.0\.0\.1:\d+)")
 _CHECKOUT = Path(__file__).resolve().parents[1]
 

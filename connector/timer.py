@@ -9,6 +9,7 @@ retention runs in milliseconds and asserts on recorded state.
 
 from __future__ import annotations
 
+import asyncio
 import heapq
 import itertools
 import time
@@ -75,10 +76,41 @@ def fail_at(timer: Timer, at_ms: int | None, *, shield: bool = False) -> Iterato
         raise TimeoutError
 
 
+async def all_tasks_blocked() -> None:
+    """Return once every other task waits on something: `anyio.wait_all_tasks_blocked`, without its stall.
+
+    anyio's asyncio version sleeps 100 ms of real time whenever a task is still runnable, which a virtual
+    step wakes on every advance; this one yields to the loop until they ran. "Blocked" must hold for a few
+    loop passes in a row: a task's wake-up can be a chain of callbacks (a finished task's done callback
+    completes the future another task waits on), during which it still looks blocked.
+    """
+    try:
+        this = asyncio.current_task()
+    except RuntimeError:  # not on asyncio (trio): its own version is exact
+        this = None
+    if this is None:
+        await anyio.wait_all_tasks_blocked()
+        return
+    await anyio.lowlevel.checkpoint()
+    passes = 0
+    while passes < _BLOCKED_PASSES:
+        blocked = all(task is this or _blocked(task) for task in asyncio.all_tasks())
+        passes = passes + 1 if blocked else 0
+        await asyncio.sleep(0)
+
+
+_BLOCKED_PASSES = 3
+
+
+def _blocked(task: asyncio.Task[object]) -> bool:
+    waiter = task._fut_waiter  # type: ignore[attr-defined]  # what anyio reads too
+    return waiter is not None and not waiter.done()
+
+
 class VirtualTimer:
     """A clock that moves only when a test advances it; sleeps and deadlines fire in time order on the way.
 
-    Time moves on only after every other task is blocked (`anyio.wait_all_tasks_blocked`), so each step sees
+    Time moves on only after every other task is blocked (`all_tasks_blocked`), so each step sees
     the effects of the one before. A task that waits on a worker thread counts as blocked, as in trio.
     """
 
@@ -121,14 +153,14 @@ class VirtualTimer:
     async def advance(self, ms: int) -> None:
         """Move the clock `ms` forward, firing what falls due on the way, each once the loop is idle."""
         target_ms = self._now_ms + ms
-        await anyio.wait_all_tasks_blocked()
+        await all_tasks_blocked()
         while self._due and self._due[0][0] <= target_ms:
             at_ms, _, fire = heapq.heappop(self._due)
             self._now_ms = max(self._now_ms, at_ms)
             fire()
-            await anyio.wait_all_tasks_blocked()
+            await all_tasks_blocked()
         self._now_ms = target_ms
-        await anyio.wait_all_tasks_blocked()
+        await all_tasks_blocked()
 
     async def advance_to(self, at_ms: int) -> None:
         """Move the clock to `at_ms` (no-op when it is already past)."""
@@ -137,7 +169,7 @@ class VirtualTimer:
     async def run_until(self, done: Callable[[], bool], *, limit_ms: int = 3_600_000) -> None:
         """Jump from due moment to due moment until `done()` holds; AssertionError past `limit_ms`."""
         deadline_ms = self._now_ms + limit_ms
-        await anyio.wait_all_tasks_blocked()
+        await all_tasks_blocked()
         while not done():
             due_ms = self.next_due_ms()
             if due_ms is None or due_ms > deadline_ms:

@@ -6,17 +6,20 @@ qualified proof (CONTRACT §6.7); it raises `StopUnconfirmed` otherwise. Driver 
 edge into `connector.errors.ProviderError` subclasses.
 
 `BaseSession` is what every backend shares, as bleak's `BaseBleakScanner` is for its backends: the
-closed/confirmed gate, the compiled scope re-filter, and the one owner of the cleanup bound. A backend
-translates native data into observations (`deliver`), reports failures (`fail`) and implements its own stop
-(`_stop_backend`, and `_prove_stopped` where it has a second kind of confirmation).
+closed/confirmed gate, the compiled scope re-filter, and the one owner of the cleanup bound (measured on the
+injected `Timer`: the wall one for real backends, a virtual one in tests). A backend translates native data
+into observations (`deliver`), reports failures (`fail`) and implements its own stop (`_stop_backend`, and
+`_prove_stopped` where it has a second kind of confirmation).
+
+`finish_cleanup` is the one way to finish cleanup through a cancel: the cleanup runs to its end, and a
+cancel that came meanwhile is raised after it, never swallowed.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, TypeVar
@@ -28,6 +31,7 @@ from connector.core.observations import Observation
 from connector.core.policy import PROOF_BOUND_MS
 from connector.core.scope import DiscoveryScope, scope_matcher
 from connector.errors import ProviderError, StopUnconfirmed
+from connector.timer import WALL_TIMER, Timer
 
 
 class StopOutcome(StrEnum):
@@ -88,14 +92,15 @@ class BaseSession(ABC):
     # answer it); False: each stop() starts a fresh attempt and drops a stalled one.
     rejoin_stalled_attempt = True
 
-    def __init__(self, scope: DiscoveryScope, sink: ObservationSink) -> None:
+    def __init__(self, scope: DiscoveryScope, sink: ObservationSink, timer: Timer = WALL_TIMER) -> None:
         self.scope = scope
         self._sink = sink
+        self._timer = timer
         # The same rule as `matches_scope`, compiled once: it runs for every observation.
         self._in_scope = scope_matcher(scope)
         self._open = False
         self._outcome: StopOutcome | None = None
-        self._attempt: asyncio.Future[str | None] | None = None
+        self._attempt: StopAttempt | None = None
 
     @property
     def is_open(self) -> bool:
@@ -129,14 +134,8 @@ class BaseSession(ABC):
             return self._outcome
         self._open = False
         attempt = self._next_attempt()
-        try:
-            async with asyncio.timeout(self.scope.cleanup_timeout_ms / 1000):
-                # Shielded: a stalled attempt keeps waiting for the backend; a later stop() may join it.
-                refusal = await asyncio.shield(attempt)
-        except TimeoutError:
-            refusal = "stop-timeout"
-        except Exception:  # a backend bug counts as a refusal: only StopUnconfirmed leaves stop()
-            refusal = "backend-error"
+        # The attempt runs on by itself past this bound: a later stop() may join it.
+        refusal = await attempt.refusal_by(self._timer, self._timer.now_ms() + self.scope.cleanup_timeout_ms)
         outcome = StopOutcome.ACKNOWLEDGED
         if refusal is not None:
             if not await self._bounded_proof():
@@ -145,23 +144,24 @@ class BaseSession(ABC):
         self._outcome = outcome
         return outcome
 
-    def _next_attempt(self) -> asyncio.Future[str | None]:
+    def _next_attempt(self) -> StopAttempt:
         attempt = self._attempt
-        if attempt is not None and not attempt.done() and self.rejoin_stalled_attempt:
+        if attempt is not None and not attempt.done and self.rejoin_stalled_attempt:
             return attempt
-        if attempt is not None and not attempt.done():
+        if attempt is not None and not attempt.done:
             attempt.cancel()
-        elif attempt is not None and _acknowledged(attempt):
+        elif attempt is not None and attempt.acknowledged:
             return attempt
-        self._attempt = asyncio.ensure_future(self._stop_backend())
+        self._attempt = StopAttempt(self._stop_backend)
         return self._attempt
 
     async def _bounded_proof(self) -> bool:
-        try:
-            async with asyncio.timeout(PROOF_BOUND_MS / 1000):
+        with self._timer.scope_until(self._timer.now_ms() + PROOF_BOUND_MS):
+            try:
                 return await self._prove_stopped()
-        except Exception:  # timed out, or the proof itself failed: not proven either way
-            return False
+            except Exception:  # the proof itself failed: not proven either way
+                return False
+        return False  # timed out
 
     @abstractmethod
     async def _stop_backend(self) -> str | None:
@@ -170,6 +170,51 @@ class BaseSession(ABC):
     async def _prove_stopped(self) -> bool:
         """A qualified proof that the session ended although the backend did not say so (default: none)."""
         return False
+
+
+class StopAttempt:
+    """One backend stop attempt, in a loop task of its own so that a stalled one outlives the bound that cut
+    it (a task group would make every provider session an async context)."""
+
+    __slots__ = ("_done", "_refusal", "_task")
+
+    def __init__(self, stop_backend: Callable[[], Awaitable[str | None]]) -> None:
+        self._done = anyio.Event()
+        # A cancelled attempt counts as a refusal, as one that raised.
+        self._refusal: str | None = "stop-cancelled"
+        self._task = asyncio.ensure_future(self._run(stop_backend))
+
+    async def _run(self, stop_backend: Callable[[], Awaitable[str | None]]) -> None:
+        try:
+            self._refusal = await stop_backend()
+        except Exception:  # a backend bug counts as a refusal: only StopUnconfirmed leaves stop()
+            self._refusal = "backend-error"
+        finally:
+            self._done.set()
+
+    @property
+    def done(self) -> bool:
+        """True once the attempt ended (answered, raised or was cancelled)."""
+        return self._done.is_set()
+
+    @property
+    def acknowledged(self) -> bool:
+        """True once the attempt ended with the backend's acknowledgement."""
+        return self.done and self._refusal is None
+
+    def cancel(self) -> None:
+        """Drop a stalled attempt."""
+        self._task.cancel()
+
+    async def finished(self) -> None:
+        """Return once the attempt ended."""
+        await self._done.wait()
+
+    async def refusal_by(self, timer: Timer, at_ms: int) -> str | None:
+        """None when the attempt acknowledged by `at_ms`, else its refusal (`stop-timeout`: still open)."""
+        with timer.scope_until(at_ms):
+            await self._done.wait()
+        return self._refusal if self.done else "stop-timeout"
 
 
 class StartUnconfirmed(ProviderError):
@@ -183,22 +228,24 @@ class StartUnconfirmed(ProviderError):
 _T = TypeVar("_T")
 
 
-async def settle(awaitable: Awaitable[_T]) -> _T:
-    """Run cleanup to its end even when the caller is cancelled meanwhile (asyncio or anyio).
+async def finish_cleanup(cleanup: Awaitable[_T]) -> _T:
+    """Run `cleanup` to its end even when the caller is cancelled meanwhile, then raise that cancel.
 
-    A cancellation that arrives meanwhile is absorbed: callers are failure paths that raise afterwards.
+    Shielded from anyio's cancellation, which stays pending and is raised at the caller's next checkpoint
+    (so a failure path may still raise its own error first); a native `Task.cancel()` that still reaches
+    the caller is held until the cleanup ended and raised then.
     """
-    task = asyncio.ensure_future(awaitable)
+    task = asyncio.ensure_future(cleanup)
+    held: BaseException | None = None
     with anyio.CancelScope(shield=True):
         while not task.done():
-            with contextlib.suppress(asyncio.CancelledError):
+            try:
                 await asyncio.wait({task})
+            except asyncio.CancelledError as cancel:
+                held = cancel
+    if held is not None:
+        raise held
     return task.result()
-
-
-def _acknowledged(attempt: asyncio.Future[str | None]) -> bool:
-    """A finished attempt that acknowledged; one that raised or was cancelled counts as a refusal."""
-    return not attempt.cancelled() and attempt.exception() is None and attempt.result() is None
 
 
 def _rule(refusal: str) -> list[dict[str, str]]:

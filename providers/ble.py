@@ -42,7 +42,7 @@ from providers.base import (
     ProviderCapabilities,
     ProviderSession,
     StartUnconfirmed,
-    settle,
+    finish_cleanup,
 )
 from providers.ble_worker import ADAPTER_IFACE, BLUEZ, DBUS, GO, STOP, config_frame
 
@@ -276,7 +276,7 @@ class BleSession(BaseSession):
             async with asyncio.timeout(_START_BOUND_S):
                 await asyncio.shield(self._started)
         except BaseException:
-            if not await settle(self._abandon()):
+            if not await finish_cleanup(self._abandon()):
                 raise StartUnconfirmed(
                     "the BLE discovery may have started and was not proven stopped", self
                 ) from None

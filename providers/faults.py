@@ -12,11 +12,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+import anyio
+
 from connector.contract.transports import Transport
 from connector.core.observations import Observation
 from connector.core.scope import DiscoveryScope
 from connector.errors import ProviderError, ProviderRestarted
-from providers.base import BaseSession, ObservationSink, ProviderCapabilities, StopOutcome
+from connector.timer import WALL_TIMER, Timer, sleep_ms
+from providers.base import BaseSession, ObservationSink, ProviderCapabilities, StopOutcome, finish_cleanup
 from providers.replay import Timeline, check_speed, finish_task, play_timeline
 
 
@@ -57,7 +60,7 @@ class FaultSession(BaseSession):
     rejoin_stalled_attempt = False
 
     def __init__(self, provider: FaultProvider, scope: DiscoveryScope, sink: ObservationSink) -> None:
-        super().__init__(scope, sink)
+        super().__init__(scope, sink, provider.timer)
         self._provider = provider
         self._stop_calls = 0
         self.acknowledged = False
@@ -75,9 +78,9 @@ class FaultSession(BaseSession):
         step = plan[min(self._stop_calls, len(plan) - 1)]
         self._stop_calls += 1
         if step.delay_ms:
-            await asyncio.sleep(step.delay_ms / 1000.0)
+            await sleep_ms(self._timer, step.delay_ms)
         if step.kind == "hang":
-            await asyncio.Event().wait()
+            await anyio.sleep_forever()
         if step.kind == "raise":
             return "provider-stop-refused"
         await finish_task(self._task)
@@ -87,9 +90,9 @@ class FaultSession(BaseSession):
 
     async def unplug(self) -> None:
         """The adapter goes away: the simulated backend ends, and a stop attempt still hanging on it."""
-        if self._attempt is not None and not self._attempt.done():
+        if self._attempt is not None and not self._attempt.done:
             self._attempt.cancel()
-            await asyncio.wait({self._attempt})
+            await finish_cleanup(self._attempt.finished())
         await finish_task(self._task)
 
 
@@ -104,7 +107,9 @@ class FaultProvider:
         concurrent_sessions: bool = False,
         fault: Fault | None = None,
         speed: float = 1.0,
+        timer: Timer = WALL_TIMER,
     ) -> None:
+        self.timer = timer
         self._timeline: Timeline = tuple(sorted(timeline, key=lambda item: item[0]))
         self._capabilities = ProviderCapabilities(
             transport=transport, concurrent_sessions=concurrent_sessions
@@ -138,7 +143,7 @@ class FaultProvider:
         """Start a session, or fail as the fault says."""
         self.calls.append("start")
         if self.fault.start_delay_ms:
-            await asyncio.sleep(self.fault.start_delay_ms / 1000.0)
+            await sleep_ms(self.timer, self.fault.start_delay_ms)
         if self.fault.start_error is not None:
             raise self.fault.start_error
         session = FaultSession(self, scope, sink)
@@ -156,23 +161,24 @@ class FaultProvider:
         cut = self.fault.fail_at_ms
         if cut is not None:
             timeline = [(t_ms, obs) for t_ms, obs in timeline if t_ms < cut]
-        players = [play_timeline(tuple(timeline), self._speed, session.deliver), self._flood(sink)]
-        if cut is not None:
-            players.append(self._fail_later(cut, session))
-        await asyncio.gather(*players)
+        async with anyio.create_task_group() as players:
+            players.start_soon(play_timeline, tuple(timeline), self._speed, session.deliver, self.timer)
+            players.start_soon(self._flood, sink)
+            if cut is not None:
+                players.start_soon(self._fail_later, cut, session)
 
     async def _flood(self, sink: ObservationSink) -> None:
         """Deliver the flood straight to the sink, skipping the provider-side filter."""
         make = self.fault.flood
         if make is None or not self.fault.flood_count:
             return
-        await asyncio.sleep(self.fault.flood_at_ms / 1000.0 / self._speed)
+        await sleep_ms(self.timer, int(self.fault.flood_at_ms / self._speed))
         for index in range(self.fault.flood_count):
             sink.observe(make(index))
             if index % 256 == 255:
-                await asyncio.sleep(0)
+                await anyio.lowlevel.checkpoint()
 
     async def _fail_later(self, at_ms: int, session: FaultSession) -> None:
         """Report the mid-session failure at its offset."""
-        await asyncio.sleep(at_ms / 1000.0 / self._speed)
+        await sleep_ms(self.timer, int(at_ms / self._speed))
         session.fail(self.fault.fail_error or ProviderRestarted("provider restarted during the session"))

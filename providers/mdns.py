@@ -47,7 +47,7 @@ from zeroconf.const import _CLASS_IN, _TYPE_PTR, _TYPE_SRV
 from connector.core.observations import MdnsObservation
 from connector.core.scope import DiscoveryScope, normalise_service_type
 from connector.errors import ProviderError, ProviderUnavailable, StopUnconfirmed
-from providers.base import BaseSession, ObservationSink, ProviderCapabilities, StopOutcome
+from providers.base import BaseSession, ObservationSink, ProviderCapabilities, StopOutcome, finish_cleanup
 from providers.mdns_interfaces import (
     InterfaceSetting,
     NoMulticastInterface,
@@ -185,15 +185,14 @@ async def open_engine(selection: Selection) -> AsyncZeroconf:
 
 
 async def close_regardless(close: Callable[[], Coroutine[Any, Any, object]]) -> None:
-    """Run `close` to its end even while the caller is being cancelled, waiting at most `_CLOSE_BOUND_S`.
+    """Run `close` to its end (at most `_CLOSE_BOUND_S`) even while the caller is being cancelled; its
+    failure is dropped, a cancel that came meanwhile is raised after (`finish_cleanup`)."""
+    await finish_cleanup(_bounded_close(close))
 
-    Shielded twice: the anyio scope holds off anyio cancellation, and `asyncio.shield` keeps the close
-    running in its own task when a native `Task.cancel()` still reaches the caller. Its failure is dropped.
-    """
-    closing = asyncio.ensure_future(close())
-    closing.add_done_callback(_retrieve)
-    with anyio.CancelScope(shield=True), anyio.move_on_after(_CLOSE_BOUND_S), contextlib.suppress(Exception):
-        await asyncio.shield(closing)
+
+async def _bounded_close(close: Callable[[], Coroutine[Any, Any, object]]) -> None:
+    with anyio.move_on_after(_CLOSE_BOUND_S), contextlib.suppress(Exception):
+        await close()
 
 
 def _retrieve(task: asyncio.Future[Any]) -> None:

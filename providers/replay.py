@@ -16,11 +16,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import anyio
+
 from connector.contract.transports import TRANSPORTS, Transport
 from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
 from connector.core.scope import DiscoveryScope, expand_uuid
 from connector.errors import ProviderUnavailable
-from providers.base import BaseSession, ObservationSink, ProviderCapabilities
+from connector.timer import WALL_TIMER, Timer
+from providers.base import BaseSession, ObservationSink, ProviderCapabilities, finish_cleanup
 
 FIXTURE_FORMAT = "sensorium-hw-fixture.v1"
 SOURCES = frozenset({"recorded", "synthesised"})
@@ -328,40 +331,41 @@ async def play_timeline(
     timeline: Timeline,
     speed: float,
     deliver: Callable[[Observation], None],
+    timer: Timer = WALL_TIMER,
 ) -> None:
-    """Deliver each observation at its `t_ms / speed` after the call; return after the last one."""
-    loop = asyncio.get_running_loop()
-    started = loop.time()
+    """Deliver each observation at its `t_ms / speed` after the call (on `timer`); return after the last."""
+    started_ms = timer.now_ms()
     burst = 0
     for t_ms, observation in timeline:
-        delay = started + t_ms / 1000.0 / speed - loop.time()
-        if delay > 0:
+        at_ms = started_ms + int(t_ms / speed)
+        if at_ms > timer.now_ms():
             burst = 0
-            await asyncio.sleep(delay)
+            await timer.sleep_until(at_ms)
         elif burst >= _YIELD_EVERY:
             burst = 0
-            await asyncio.sleep(0)
+            await anyio.lowlevel.checkpoint()
         burst += 1
         deliver(observation)
 
 
 async def finish_task(task: asyncio.Task[None]) -> None:
-    """Cancel a player task and return once it has finished (our own cancellation still propagates)."""
+    """Cancel a player task and return once it has finished (a cancel of ours is raised after that)."""
     if task.done():
         return
     task.cancel()
-    await asyncio.wait({task})
+    await finish_cleanup(asyncio.wait({task}))
 
 
 class ReplaySession(BaseSession):
     """One replay session: a player task that stop() cancels and waits for."""
 
     def __init__(
-        self, scope: DiscoveryScope, sink: ObservationSink, timeline: Timeline, speed: float
+        self, scope: DiscoveryScope, sink: ObservationSink, timeline: Timeline, speed: float, timer: Timer
     ) -> None:
-        super().__init__(scope, sink)
+        super().__init__(scope, sink, timer)
         self.opened()
-        self._task = asyncio.get_running_loop().create_task(play_timeline(timeline, speed, self.deliver))
+        player = play_timeline(timeline, speed, self.deliver, timer)
+        self._task = asyncio.get_running_loop().create_task(player)
 
     @property
     def finished(self) -> bool:
@@ -377,8 +381,9 @@ class ReplaySession(BaseSession):
 class ReplayProvider:
     """Plays one fixture file; any number of sessions may play it at once."""
 
-    def __init__(self, path: Path | str, *, speed: float = 1.0) -> None:
+    def __init__(self, path: Path | str, *, speed: float = 1.0, timer: Timer = WALL_TIMER) -> None:
         self._speed = check_speed(speed)
+        self._timer = timer
         self._fixture = load_fixture(path)
         self._capabilities = ProviderCapabilities(transport=self._fixture.transport, concurrent_sessions=True)
 
@@ -396,4 +401,4 @@ class ReplayProvider:
         """Start playing the file for `scope`."""
         if scope.transport != self._fixture.transport:
             raise ProviderUnavailable("replay fixture transport does not match the scan transport")
-        return ReplaySession(scope, sink, self._fixture.timeline, self._speed)
+        return ReplaySession(scope, sink, self._fixture.timeline, self._speed, self._timer)

@@ -23,18 +23,20 @@ its sessions keep the real stacks' rules:
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import secrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal
 
+import anyio
+
 from connector.contract.transports import TRANSPORTS, Transport
 from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
 from connector.core.scope import DiscoveryScope
 from connector.core.transports import TRANSPORT_FACTS
 from connector.errors import ProviderRestarted, ProviderUnavailable, SensoriumError
+from connector.timer import WALL_TIMER, Timer
 from providers.base import BaseSession, ObservationSink, ProviderCapabilities
 from providers.replay import LineError, finish_task, parse_observation_line
 
@@ -167,7 +169,7 @@ class StopGate:
         if mode == "refuse":
             return "simulated-stop-refused"
         if mode == "stall":
-            await asyncio.Event().wait()
+            await anyio.sleep_forever()
         return None
 
 
@@ -176,9 +178,9 @@ class StopGate:
 
 @dataclass(slots=True)
 class _Schedule:
-    """When a session next sees each device (event-loop seconds)."""
+    """When a session next sees each device (ms on the session's timer)."""
 
-    due: dict[str, float] = field(default_factory=dict)
+    due: dict[str, int] = field(default_factory=dict)
 
 
 class SimulatedSession(BaseSession):
@@ -188,37 +190,35 @@ class SimulatedSession(BaseSession):
     rejoin_stalled_attempt = False
 
     def __init__(self, adapter: SimulatedAdapter, scope: DiscoveryScope, sink: ObservationSink) -> None:
-        super().__init__(scope, sink)
+        super().__init__(scope, sink, adapter.timer)
         self._adapter = adapter
         self._schedule = _Schedule()
-        self._wake = asyncio.Event()
-        loop = asyncio.get_running_loop()
-        now = loop.time()
+        self._wake = anyio.Event()
+        now_ms = self._timer.now_ms()
         for device in adapter.devices.values():
-            self._schedule.due[device.sim_id] = now
+            self._schedule.due[device.sim_id] = now_ms
         self.opened()
-        self._task = loop.create_task(self._play())
+        self._task = asyncio.get_running_loop().create_task(self._play())
 
     async def _play(self) -> None:
         """See every due device, then sleep until the next one is due or the adapter changes."""
-        loop = asyncio.get_running_loop()
+        timer = self._timer
         while True:
-            now = loop.time()
-            for sim_id, due in list(self._schedule.due.items()):
+            now_ms = timer.now_ms()
+            for sim_id, due_ms in list(self._schedule.due.items()):
                 device = self._adapter.devices.get(sim_id)
                 if device is None:
                     del self._schedule.due[sim_id]
-                elif due <= now:
+                elif due_ms <= now_ms:
                     self.deliver(_presence(device.observation))
-                    self._schedule.due[sim_id] = now + device.interval_ms / 1000.0
-            self._wake.clear()
-            timeout = min(self._schedule.due.values(), default=now + 3600.0) - now
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=max(0.0, timeout))
+                    self._schedule.due[sim_id] = now_ms + device.interval_ms
+            self._wake = anyio.Event()
+            with timer.scope_until(min(self._schedule.due.values(), default=now_ms + 3_600_000)):
+                await self._wake.wait()
 
     def device_changed(self, device: SimDevice) -> None:
         """A device appeared or updated: seen at once (a new advert / the next pass answers it)."""
-        self._schedule.due[device.sim_id] = 0.0
+        self._schedule.due[device.sim_id] = 0
         self._wake.set()
 
     def device_left(self, device: SimDevice) -> None:
@@ -249,8 +249,9 @@ class SimulatedSession(BaseSession):
 class SimulatedAdapter:
     """The simulated backend of one transport."""
 
-    def __init__(self, transport: Transport, new_id: Callable[[], str]) -> None:
+    def __init__(self, transport: Transport, new_id: Callable[[], str], timer: Timer = WALL_TIMER) -> None:
         self.transport: Transport = transport
+        self.timer = timer
         self.powered = True
         self.gate = StopGate()
         self.devices: dict[str, SimDevice] = {}
@@ -348,9 +349,9 @@ class SimulatedProvider:
 class Simulation:
     """Every simulated transport of one process, driven by the `/v1/sim/...` routes."""
 
-    def __init__(self, transports: tuple[Transport, ...] = TRANSPORTS) -> None:
+    def __init__(self, transports: tuple[Transport, ...] = TRANSPORTS, timer: Timer = WALL_TIMER) -> None:
         self.adapters: dict[str, SimulatedAdapter] = {
-            transport: SimulatedAdapter(transport, _new_sim_id) for transport in transports
+            transport: SimulatedAdapter(transport, _new_sim_id, timer) for transport in transports
         }
 
     @property

@@ -132,3 +132,148 @@ def test_duplicates_counted_on_a_copy(arch: ModuleType, tree: Path) -> None:
     for name in ("a", "b"):
         _write(tree, f"providers/{name}.py", f"def {name}(x):\n{body}    return x\n")
     assert arch.duplicates_pairs(tree).startswith("1 pairs")
+
+
+@pytest.fixture
+def walked(tmp_path: Path) -> Path:
+    """An edge (api), a service, a runtime, a pure core; a Bus handler reaching a host through a protocol."""
+    _write(
+        tmp_path,
+        "connector/api/routes.py",
+        "from connector.service.svc import Service\n"
+        "\n"
+        "def router(service: Service):\n"
+        '    @routes.post("/v1/directives")\n'
+        "    async def invoke(request):\n"
+        "        principal = service.authenticate(request)\n"
+        "        return await service.invoke(principal)\n"
+        "\n"
+        '    @routes.get("/v1/operations/{operation_id}")\n'
+        "    async def status(request):\n"
+        "        if request:\n"
+        "            return service.status(request)\n"
+        "        return service.status(request)\n",
+    )
+    _write(tmp_path, "connector/errors.py", "class Boom(Exception):\n    def __init__(self):\n        pass\n")
+    _write(
+        tmp_path,
+        "connector/service/svc.py",
+        "from connector.core.rules import check\n"
+        "from connector.errors import Boom\n"
+        "from connector.runtime.run import Runtime\n"
+        "\n"
+        "class Service:\n"
+        "    def __init__(self, runtime: Runtime):\n"
+        "        self.runtime = runtime\n"
+        "\n"
+        "    def authenticate(self, token):\n"
+        "        return check(token)\n"
+        "\n"
+        "    async def invoke(self, principal):\n"
+        "        if not principal:\n"
+        "            raise Boom()\n"
+        "        check(principal)\n"
+        "        principal.metadata()\n"  # no written type: unresolved, not followed
+        "        self.runtime.launch()\n"
+        "        return self.runtime.metadata()\n"
+        "\n"
+        "    def status(self, token):\n"
+        "        self.authenticate(token)\n"
+        "        return self.authenticate(token)\n",
+    )
+    _write(tmp_path, "connector/core/rules.py", "def check(x):\n    return x\n")
+    _write(
+        tmp_path,
+        "connector/runtime/run.py",
+        "from connector.core.rules import check\n"
+        "\n"
+        "class Runtime:\n"
+        "    def launch(self):\n"
+        "        return check(1)\n"
+        "\n"
+        "    def metadata(self):\n"
+        "        return 2\n",
+    )
+    _write(
+        tmp_path,
+        "connector/bus/adapter.py",
+        "from typing import Protocol\n"
+        "from connector.service.svc import Service\n"
+        "\n"
+        "class Face(Protocol):\n"
+        "    async def cancel(self, token): ...\n"
+        "\n"
+        "class Adapter:\n"
+        "    def __init__(self, service: Service, host: Face):\n"
+        "        self._service = service\n"
+        "        self._host = host\n"
+        "\n"
+        "    def handlers(self):\n"
+        "        return [(self.subjects.cancel, self._cancel, False)]\n"
+        "\n"
+        "    async def _cancel(self, token, data):\n"
+        "        self._service.authenticate(token)\n"
+        "        return await self._host.cancel(token)\n",
+    )
+    _write(
+        tmp_path,
+        "connector/host/hosting.py",
+        "from connector.service.svc import Service\n"
+        "\n"
+        "class Host:\n"
+        "    def __init__(self, service: Service):\n"
+        "        self.service = service\n"
+        "\n"
+        "    async def cancel(self, token):\n"
+        "        return self.service.authenticate(token)\n",
+    )
+    return tmp_path
+
+
+def test_edges_found_by_their_decorators_and_subject_tuples(arch: ModuleType, walked: Path) -> None:
+    edges = arch.edge_handlers(arch.CallGraph(arch.load_modules(walked)))
+    assert set(edges) == {"POST /v1/directives", "GET /v1/operations/{operation_id}", "bus cancel"}
+    assert edges["bus cancel"].name == "connector.bus.adapter:Adapter._cancel"
+
+
+def test_a_walk_counts_rooms_and_climbs(arch: ModuleType, walked: Path) -> None:
+    walk = arch.collect(walked).walks["scan directive"]
+    # authenticate -> check, invoke -> check, launch -> check, metadata; the raise is not followed
+    assert walk.rooms == [
+        *("api", "service", "core", "service", "api", "service", "core", "service"),
+        *("runtime", "core", "runtime", "service", "runtime", "service", "api"),
+    ]
+    assert walk.distinct == ["api", "service", "core", "runtime"]
+    assert walk.climbs == 7  # core>service x2, service>api x2, core>runtime, runtime>service x2
+    assert walk.corridor == [
+        *("api", "service", "api", "service", "runtime", "service", "runtime", "service", "api"),
+    ]
+    assert arch.climbs(walk.corridor) == 4
+    assert walk.service_to_runtime == ["launch", "metadata"]
+    assert walk.unresolved == 1  # `principal.metadata()`: the name of a def, on a value of no written type
+
+
+def test_a_walk_goes_through_a_protocol_into_its_implementers(arch: ModuleType, walked: Path) -> None:
+    walk = arch.collect(walked).walks["Bus cancel"]
+    assert walk.through_protocol == {"Face.cancel"}
+    assert walk.distinct == ["bus", "service", "core", "host"]
+
+
+def test_authentications_per_request(arch: ModuleType, walked: Path) -> None:
+    counts = arch.collect(walked).authentications
+    assert counts["POST /v1/directives"] == 1
+    # Two per service.status; the two arms of the route's `if` are exclusive: 2, not 4.
+    assert counts["GET /v1/operations/{operation_id}"] == 2
+    assert counts["bus cancel"] == 2  # the adapter's own, then the host's behind the protocol
+
+
+def test_walks_render(arch: ModuleType, walked: Path) -> None:
+    report = arch.render(arch.collect(walked), "skipped")
+    row = "| scan directive | `POST /v1/directives` | 4 (api, service, core, runtime) | 7 | 4 | 4 |"
+    assert row in report
+    assert "Most on one edge: **2**; edges above 1: **2** of 3" in report
+
+
+def test_a_missing_edge_says_so(arch: ModuleType, tree: Path) -> None:
+    report = arch.render(arch.collect(tree), "skipped")
+    assert "| status long poll | GET /v1/operations/{operation_id} | no such edge |" in report

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import anyio
 import pytest
 
-from connector.timer import WALL_TIMER, VirtualTimer, fail_at, scope_after, sleep_ms
+from connector.timer import WALL_TIMER, VirtualTimer, all_tasks_blocked, fail_at, scope_after, sleep_ms
 
 pytestmark = pytest.mark.asyncio
 
@@ -83,3 +85,33 @@ async def test_the_wall_timer_maps_a_moment_onto_the_loop_deadline() -> None:
     with WALL_TIMER.scope_until(now_ms - 1) as past:
         await anyio.sleep_forever()
     assert past.cancelled_caught
+
+
+async def test_an_advance_waits_for_woken_tasks_by_yielding_never_by_sleeping(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # anyio's own wait_all_tasks_blocked sleeps 100 ms of real time whenever a task is runnable.
+    timer = VirtualTimer(start_ms=0)
+    real_sleep = asyncio.sleep
+    slept: list[float] = []
+
+    async def recording_sleep(delay: float) -> None:
+        slept.append(delay)
+        await real_sleep(delay)
+
+    seen: list[int] = []
+
+    async def ticker() -> None:
+        for _ in range(50):
+            await timer.sleep_until(timer.now_ms() + 10)
+            seen.append(timer.now_ms())
+            await real_sleep(0)  # still runnable when the clock looks: the advance must wait for it
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(ticker)
+        await all_tasks_blocked()
+        monkeypatch.setattr(asyncio, "sleep", recording_sleep)
+        await timer.advance(500)
+        monkeypatch.undo()
+    assert seen == list(range(10, 510, 10))
+    assert slept and set(slept) == {0}

@@ -17,6 +17,7 @@ from connector.api.errors import (
     install_error_handlers,
 )
 from connector.api.openapi import Ok, Route, declare, install_openapi
+from connector.errors import Code
 from connector.resources import version
 from connector.service.connector import ConnectorService
 from connector.telemetry.metrics import RequestTimer, Telemetry
@@ -32,10 +33,10 @@ API_DESCRIPTION = (
 )
 HEALTH = Route(
     oks=(Ok(200, ("health",), description="ready"), Ok(503, ("health",), description="starting")),
-    refusals=("internal",),
+    refusals=(Code.INTERNAL,),
     authenticated=False,
 )
-METRICS = Route(oks=(Ok(200, media_type="text/plain"),), refusals=("internal",), authenticated=False)
+METRICS = Route(oks=(Ok(200, media_type="text/plain"),), refusals=(Code.INTERNAL,), authenticated=False)
 
 
 def create_app(

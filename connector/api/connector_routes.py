@@ -11,6 +11,7 @@ from starlette.responses import Response
 
 from connector.api.errors import bearer_token, parse_json_body, to_response
 from connector.api.openapi import ADMISSION_REFUSALS, Ok, Route, declare
+from connector.core.authority import Principal
 from connector.service.answers import Answer, Done
 from connector.service.connector import ConnectorService
 
@@ -94,39 +95,42 @@ def connector_router(service: ConnectorService) -> APIRouter:
         after_revision: int | None = Query(default=None, ge=0),
     ) -> Response:
         """sensorium.operation.status, with the optional long poll."""
+        principal = service.authenticate(bearer_token(request))
         reply = await service.status(
-            bearer_token(request), operation_id, wait_seconds=wait_seconds, after_revision=after_revision
+            principal, operation_id, wait_seconds=wait_seconds, after_revision=after_revision
         )
         return to_response(reply)
 
     @router.post("/v1/operations/{operation_id}/cancel", **declare(CANCEL))
     async def cancel(request: Request, operation_id: str) -> Response:
         """sensorium.operation.cancel."""
-        return to_response(await service.cancel(bearer_token(request), operation_id))
+        principal = service.authenticate(bearer_token(request))
+        return to_response(await service.cancel(principal, operation_id))
 
     @router.post("/v1/operations/{operation_id}/selection", **declare(SELECT))
     async def select(request: Request, operation_id: str) -> Response:
         """Select a candidate of a running snapshot."""
         return await _with_body(
-            service, request, lambda body: service.select(bearer_token(request), operation_id, body)
+            service, request, lambda principal, body: service.select(principal, operation_id, body)
         )
 
     @router.post("/v1/operations/{operation_id}/bindings", status_code=201, **declare(BIND))
     async def bind(request: Request, operation_id: str) -> Response:
         """Bind a candidate of a terminated session; reveals its address."""
         return await _with_body(
-            service, request, lambda body: service.bind(bearer_token(request), operation_id, body)
+            service, request, lambda principal, body: service.bind(principal, operation_id, body)
         )
 
     @router.get("/v1/bindings", **declare(BINDINGS))
     async def bindings(request: Request) -> Response:
         """The caller's bindings (with addresses), or every binding for an operator (without)."""
-        return to_response(await service.list_bindings(bearer_token(request)))
+        return to_response(await service.list_bindings(service.authenticate(bearer_token(request))))
 
     @router.delete("/v1/bindings/{binding_id}", status_code=204, **declare(FORGET))
     async def forget(request: Request, binding_id: str) -> Response:
         """Forget (erase) a binding."""
-        return to_response(await service.forget(bearer_token(request), binding_id))
+        principal = service.authenticate(bearer_token(request))
+        return to_response(await service.forget(principal, binding_id))
 
     @router.get("/v1/catalog", **declare(CATALOG))
     async def catalog(request: Request) -> Response:
@@ -139,7 +143,8 @@ def connector_router(service: ConnectorService) -> APIRouter:
         request: Request, principal_id: str, action_id: str | None = Query(default=None)
     ) -> Response:
         """Revoke one grant (`?action_id=`) or the whole principal (operators only)."""
-        return to_response(service.revoke(bearer_token(request), principal_id, action_id))
+        operator = service.authenticate(bearer_token(request))
+        return to_response(service.revoke(operator, principal_id, action_id))
 
     return router
 
@@ -147,9 +152,9 @@ def connector_router(service: ConnectorService) -> APIRouter:
 async def _with_body(
     service: ConnectorService,
     request: Request,
-    call: Callable[[Any], Awaitable[Answer]],
+    call: Callable[[Principal, Any], Awaitable[Answer]],
 ) -> Response:
     """Authenticate (CONTRACT §2 step 1 comes first), parse the JSON body (400 `invalid-json`), then call."""
-    service.authenticate(bearer_token(request))
+    principal = service.authenticate(bearer_token(request))
     body = await _json(request, directive=False)
-    return to_response(await call(body))
+    return to_response(await call(principal, body))

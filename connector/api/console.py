@@ -8,8 +8,8 @@ Rules of this file:
   a cross-origin `Origin` or `Sec-Fetch-Site` is refused as well;
 - pages render only whitelisted durable fields of the host's operator views, as text: never continuations,
   payloads, progress, snapshots or candidates, whatever else a view might carry;
-- the operator's token stays in server memory to call the host's operator views as that operator, which
-  re-check it on every request: a revoked operator loses the console at once;
+- the operator's token stays in server memory and is authenticated once per request, the principal handed
+  to the host's operator views: a revoked operator loses the console at once;
 - messages are fixed text or wire codes, never an input value;
 - the list holds every operation the process knows: the host registry's, and the connector's own (admitted
   on `POST /v1/directives`) read through `ConnectorOperations`; pages of running work refresh themselves
@@ -37,6 +37,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from connector.core.authority import Principal
 from connector.core.candidates import format_ms
 from connector.core.clock import wall_clock
+from connector.core.lifecycle import TERMINAL_STATUSES
 from connector.core.scope import ALL_FILTER_KEYS
 from connector.errors import SensoriumError
 from connector.service.answers import Done, public_refusal
@@ -73,7 +74,7 @@ STATUSES: Final = (
     "expired",
     "unknown",
 )
-TERMINAL: Final = frozenset(STATUSES[2:])
+TERMINAL: Final = frozenset(status.value for status in TERMINAL_STATUSES)
 _MAX_TEXT = 256
 # Characters a page would render invisibly or that reorder text (bidi overrides are `Cf`).
 _HIDDEN_CATEGORIES: Final = frozenset({"Cc", "Cf", "Co", "Cs", "Cn", "Zl", "Zp"})
@@ -96,11 +97,11 @@ class OperatorViews(Protocol):
     """The host's operator surface the console renders (`HostService`)."""
 
     async def operator_list(
-        self, token: str | None, status: str | None = None, *, after: str | None = None, limit: int = ...
+        self, operator: Principal, status: str | None = None, *, after: str | None = None, limit: int = ...
     ) -> Done: ...
-    async def operator_detail(self, token: str | None, op_id: str) -> Done: ...
-    async def operator_poll(self, token: str | None, op_id: str) -> Done: ...
-    async def operator_cancel(self, token: str | None, op_id: str) -> Done: ...
+    async def operator_detail(self, operator: Principal, op_id: str) -> Done: ...
+    async def operator_poll(self, operator: Principal, op_id: str) -> Done: ...
+    async def operator_cancel(self, operator: Principal, op_id: str) -> Done: ...
 
 
 # ---- sessions (no I/O; `now` is passed in) ----------------------------------------------------------------
@@ -690,7 +691,8 @@ class _Console:
         if status is not None and status not in STATUSES:
             return self.problem(400, "Unknown status", "Choose one of the listed statuses.", ctx)
         try:
-            listing = await self.host.operator_list(ctx.session.token, status, after=after, limit=PAGE_SIZE)
+            operator = self.authenticate(ctx.session.token)  # once per page, before the host is asked
+            listing = await self.host.operator_list(operator, status, after=after, limit=PAGE_SIZE)
         except SensoriumError as error:
             return self.refused(error, ctx)
         body = _mapping(listing.document)
@@ -726,7 +728,7 @@ class _Console:
     async def detail_page(self, ctx: _Context, op_id: str) -> Response:
         """GET one operation's durable view and history digests."""
         try:
-            detail = await self.host.operator_detail(ctx.session.token, op_id)
+            detail = await self.host.operator_detail(self.authenticate(ctx.session.token), op_id)
         except SensoriumError as error:
             return self.refused(error, ctx)
         body = _mapping(detail.document)
@@ -744,7 +746,7 @@ class _Console:
             return ctx
         call = self.host.operator_poll if action == "poll" else self.host.operator_cancel
         try:
-            answered: Done | SensoriumError = await call(ctx.session.token, op_id)
+            answered: Done | SensoriumError = await call(self.authenticate(ctx.session.token), op_id)
         except SensoriumError as error:
             answered = public_refusal(error)
             if answered.http_status in (401, 403, 404):

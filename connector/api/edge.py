@@ -32,7 +32,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 from uvicorn.server import ServerState
 
 from connector.api.errors import refusal_response
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,7 +114,7 @@ class HostCheck:
         if scope["type"] == "http" and not host_is_allowed(_host_header(scope), self.allowed_hosts):
             error = SensoriumError(
                 "this server answers only IP literals, localhost and the names given with --allowed-host",
-                code="misdirected-request",
+                code=Code.MISDIRECTED_REQUEST,
             )
             await refusal_response(error)(scope, receive, send)
             return
@@ -217,7 +217,7 @@ class EdgeH11Protocol(H11Protocol):
         self._refused = True
         error = SensoriumError(
             "too many open connections; retry later",
-            code="overloaded",
+            code=Code.OVERLOADED,
             retry_after_seconds=self.edge.overloaded_retry_after_seconds,
         )
         transport.write(answer_bytes(error))
@@ -236,7 +236,7 @@ class EdgeH11Protocol(H11Protocol):
 
 
 def _timeout(what: str) -> SensoriumError:
-    return SensoriumError(f"{what} did not arrive in time", code="request-timeout")
+    return SensoriumError(f"{what} did not arrive in time", code=Code.REQUEST_TIMEOUT)
 
 
 def watch_connections(state: ServerState, metrics: CollectorRegistry) -> None:

@@ -15,13 +15,18 @@ from starlette.routing import Match
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from connector.contract import strict_json
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 from connector.service.answers import Accepted, Answer, Created, Done, Gone, public_refusal
 
 _log = logging.getLogger("sensorium.api")
 
 DEFAULT_MAX_BODY_BYTES = 65536
-_CODE_BY_STATUS = {404: "not-found", 405: "method-not-allowed", 413: "body-too-large", 400: "invalid-json"}
+_CODE_BY_STATUS = {
+    404: Code.NOT_FOUND,
+    405: Code.METHOD_NOT_ALLOWED,
+    413: Code.BODY_TOO_LARGE,
+    400: Code.INVALID_JSON,
+}
 
 
 class JsonResponse(Response):
@@ -71,7 +76,9 @@ def install_error_handlers(app: FastAPI) -> None:
 
     async def on_http(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
-        code = _CODE_BY_STATUS.get(exc.status_code, "internal" if exc.status_code >= 500 else "not-found")
+        code = _CODE_BY_STATUS.get(
+            exc.status_code, Code.INTERNAL if exc.status_code >= 500 else Code.NOT_FOUND
+        )
         response = error_response(code, code.replace("-", " "))
         response.status_code = exc.status_code
         if exc.status_code == 405:
@@ -81,9 +88,9 @@ def install_error_handlers(app: FastAPI) -> None:
     async def on_validation(_: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
         locs = sorted({tuple(str(p) for p in err.get("loc", ())) for err in exc.errors()})[:16]
-        diagnostics = [{"code": "invalid-input", "message": f"/{'/'.join(loc)}: invalid"} for loc in locs]
+        diagnostics = [{"code": Code.INVALID_INPUT, "message": f"/{'/'.join(loc)}: invalid"} for loc in locs]
         names = ", ".join(_parameter_of(loc) for loc in locs)
-        return error_response("invalid-input", f"{names}: {_RULE}", diagnostics=diagnostics)
+        return error_response(Code.INVALID_INPUT, f"{names}: {_RULE}", diagnostics=diagnostics)
 
     app.add_exception_handler(SensoriumError, on_refusal)
     app.add_exception_handler(StarletteHTTPException, on_http)
@@ -138,7 +145,7 @@ class InternalErrors:
         except Exception as error:
             _log.error("request failed with an unexpected %s", type(error).__name__)
             if not started:
-                await error_response("internal", "internal error")(scope, receive, send)
+                await error_response(Code.INTERNAL, "internal error")(scope, receive, send)
 
 
 class BodyLimit:
@@ -183,7 +190,7 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = error_response("body-too-large", "the request body is too large")
+        response = error_response(Code.BODY_TOO_LARGE, "the request body is too large")
         await response(scope, receive, send)
 
 

@@ -1,7 +1,7 @@
 """HTTP face of the reference host: `/v1/host/*` for callers, `/v1/admin/deferred-operations*` for operators.
 
-Thin: every route hands its bearer token and path to `HostService` and maps the reply; refusals are
-`sensorium-error.v1` bodies like everywhere else.
+Thin: every route authenticates its bearer token once, hands the principal and path to `HostService` and
+maps the reply; refusals are `sensorium-error.v1` bodies like everywhere else.
 """
 
 from __future__ import annotations
@@ -53,10 +53,9 @@ def host_router(host: HostService) -> APIRouter:
     @router.post("/v1/host/directives", **declare(ADMIT))
     async def admit(request: Request) -> Response:
         """Host admission: 202 `deferred-operation.v1` (Location, Retry-After) or the sync result."""
-        token = bearer_token(request)
-        host.port.authenticate(token)  # CONTRACT §2 step 1 before the body is even parsed
+        principal = host.authenticate(bearer_token(request))  # CONTRACT §2 step 1, before the body
         body = parse_json_body(await request.body(), directive=True)
-        return to_response(await host.admit(token, body))
+        return to_response(await host.admit(principal, body))
 
     @router.get("/v1/host/operations/{operation_id}", **declare(STATUS))
     async def status(
@@ -66,15 +65,17 @@ def host_router(host: HostService) -> APIRouter:
         after_revision: int | None = Query(default=None, ge=0),
     ) -> Response:
         """The connector's live status with the host's policy fields (owning caller only)."""
+        principal = host.authenticate(bearer_token(request))
         reply = await host.status(
-            bearer_token(request), operation_id, wait_seconds=wait_seconds, after_revision=after_revision
+            principal, operation_id, wait_seconds=wait_seconds, after_revision=after_revision
         )
         return to_response(reply)
 
     @router.post("/v1/host/operations/{operation_id}/cancel", **declare(CANCEL))
     async def cancel(request: Request, operation_id: str) -> Response:
         """Bridged to the connector where the handle has a `cancel_href`."""
-        return to_response(await host.cancel(bearer_token(request), operation_id))
+        principal = host.authenticate(bearer_token(request))
+        return to_response(await host.cancel(principal, operation_id))
 
     @router.get("/v1/admin/deferred-operations", **declare(OPERATOR_LIST))
     async def operator_list(
@@ -84,22 +85,26 @@ def host_router(host: HostService) -> APIRouter:
         limit: int = Query(default=DEFAULT_PAGE, ge=1, le=MAX_PAGE),
     ) -> Response:
         """Every operation the process knows, newest first; `after` is the previous page's `next_after`."""
-        reply = await host.operator_list(bearer_token(request), status, after=after, limit=limit)
+        operator = host.authenticate(bearer_token(request))
+        reply = await host.operator_list(operator, status, after=after, limit=limit)
         return to_response(reply)
 
     @router.get("/v1/admin/deferred-operations/{operation_id}", **declare(OPERATOR_DETAIL))
     async def operator_detail(request: Request, operation_id: str) -> Response:
         """Durable view, digest-only history and receipt of one operation (operators)."""
-        return to_response(await host.operator_detail(bearer_token(request), operation_id))
+        operator = host.authenticate(bearer_token(request))
+        return to_response(await host.operator_detail(operator, operation_id))
 
     @router.post("/v1/admin/deferred-operations/{operation_id}/poll", **declare(OPERATOR_DETAIL))
     async def operator_poll(request: Request, operation_id: str) -> Response:
         """Poll now (operators)."""
-        return to_response(await host.operator_poll(bearer_token(request), operation_id))
+        operator = host.authenticate(bearer_token(request))
+        return to_response(await host.operator_poll(operator, operation_id))
 
     @router.post("/v1/admin/deferred-operations/{operation_id}/cancel", **declare(OPERATOR_CANCEL))
     async def operator_cancel(request: Request, operation_id: str) -> Response:
         """Cancel where cancelable (operators)."""
-        return to_response(await host.operator_cancel(bearer_token(request), operation_id))
+        operator = host.authenticate(bearer_token(request))
+        return to_response(await host.operator_cancel(operator, operation_id))
 
     return router

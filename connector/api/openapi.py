@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from fastapi.openapi.utils import get_openapi
 
 from connector.contract.schemas import schema_files
-from connector.errors import HTTP_STATUS_BY_CODE
+from connector.errors import HTTP_STATUS_BY_CODE, Code
 
 COMPONENTS = "#/components/schemas/"
 MAX_SAFE_INTEGER = 2**53 - 1
@@ -412,29 +412,29 @@ class Route:
 
 # Any request can meet these: the body limit applies before routing (even to a GET with a body), and a
 # bug of ours answers 500 `internal`.
-ANY_ROUTE_REFUSALS = ("body-too-large", "internal")
+ANY_ROUTE_REFUSALS = (Code.BODY_TOO_LARGE, Code.INTERNAL)
 # What the server's edge answers below every route (CONTRACT §8): read deadlines, foreign `Host`, the cap.
-EDGE_REFUSALS = ("request-timeout", "misdirected-request", "overloaded")
+EDGE_REFUSALS = (Code.REQUEST_TIMEOUT, Code.MISDIRECTED_REQUEST, Code.OVERLOADED)
 # What admitting a directive may refuse (CONTRACT §2): the connector's invoke route and the host's admit
 # route.
 ADMISSION_REFUSALS = (
-    "invalid-json",
-    "body-too-large",
-    "unauthenticated",
-    "internal",
-    "invalid-directive",
-    "unknown-action",
-    "execution-mode-not-supported",
-    "forbidden",
-    "invalid-input",
-    "status-v2-required",
-    "idempotency-conflict",
-    "too-many-operations",
-    "transport-claimed",
+    Code.INVALID_JSON,
+    Code.BODY_TOO_LARGE,
+    Code.UNAUTHENTICATED,
+    Code.INTERNAL,
+    Code.INVALID_DIRECTIVE,
+    Code.UNKNOWN_ACTION,
+    Code.EXECUTION_MODE_NOT_SUPPORTED,
+    Code.FORBIDDEN,
+    Code.INVALID_INPUT,
+    Code.STATUS_V2_REQUIRED,
+    Code.IDEMPOTENCY_CONFLICT,
+    Code.TOO_MANY_OPERATIONS,
+    Code.TRANSPORT_CLAIMED,
 )
 # Refusal codes that carry `Retry-After` (CONTRACT §2 step 9, 6.8).
 RETRY_AFTER_CODES = frozenset(
-    {"too-many-operations", "transport-claimed", "session-not-terminated", "overloaded"}
+    {Code.TOO_MANY_OPERATIONS, Code.TRANSPORT_CLAIMED, Code.SESSION_NOT_TERMINATED, Code.OVERLOADED}
 )
 
 
@@ -479,9 +479,9 @@ def _ok_response(ok: Ok) -> dict[str, Any]:
 # Refusals a request valid against this document can still meet: rules no JSON Schema states (CONTRACT §2,
 # 6.1).
 _SEMANTIC_NOTES: Mapping[str, str] = {
-    "invalid-directive": "invalid-directive also for rules beyond the schema (CONTRACT §1: causal/context "
+    Code.INVALID_DIRECTIVE: "invalid-directive also for rules beyond the schema (CONTRACT §1: causal/context "
     "above 4096 bytes of canonical JSON; a number that is not an integer within +-(2^53 - 1))",
-    "invalid-input": "invalid-input when the input breaks the action's own rules (CONTRACT §2 step 6; "
+    Code.INVALID_INPUT: "invalid-input when the input breaks the action's own rules (CONTRACT §2 step 6; "
     "discovery: CONTRACT §6.1 - transport, window, limits, filters, a window longer than timeout_ms), "
     "which the open `input` object of the schema does not state",
 }

@@ -16,28 +16,28 @@ from connector.api.errors import JsonResponse, bearer_token, parse_json_body
 from connector.api.openapi import Ok, Route, declare
 from connector.core import authority
 from connector.core.authority import Principal
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 from providers.simulated import SimulatedAdapter, Simulation, adapter_command, parse_device
 
-_AUTH = ("unauthenticated", "forbidden", "not-found")
+_AUTH = (Code.UNAUTHENTICATED, Code.FORBIDDEN, Code.NOT_FOUND)
 PUT_DEVICE = Route(
     oks=(
         Ok(200, ("sim-id",), description="the device updated (its identity was known)"),
         Ok(201, ("sim-id",), description="the device appeared"),
     ),
-    refusals=("invalid-json", *_AUTH, "invalid-input"),
+    refusals=(Code.INVALID_JSON, *_AUTH, Code.INVALID_INPUT),
     body="sim-device",
 )
 REMOVE_DEVICE = Route(oks=(Ok(204, description="the device left"),), refusals=_AUTH)
 ADAPTER = Route(
     oks=(Ok(200, ("sim-adapter-state",)),),
-    refusals=("invalid-json", *_AUTH, "invalid-input"),
+    refusals=(Code.INVALID_JSON, *_AUTH, Code.INVALID_INPUT),
     body="sim-adapter-request",
 )
 
 
 def _not_found() -> SensoriumError:
-    return SensoriumError("not found", code="not-found")
+    return SensoriumError("not found", code=Code.NOT_FOUND)
 
 
 def sim_router(simulation: Simulation, authenticate: Any) -> APIRouter:

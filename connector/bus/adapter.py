@@ -1,11 +1,13 @@
 """The Bus face of the connector (CONTRACT §10): `<svc>.op.start|get|cancel` on NATS, and `<svc>.op.done`.
 
 Rules of this file:
-- every request is authenticated from its `Authorization: Bearer <token>` header and re-checked against the
-  principal's current grant (CONTRACT §8); an operation this principal may not see answers exactly like one
-  that never existed (`{op, state: "unknown"}`);
+- every request is authenticated once, from its `Authorization: Bearer <token>` header, and the principal
+  re-checked against its current grant (CONTRACT §8); an operation this principal may not see answers exactly
+  like one that never existed (`{op, state: "unknown"}`);
+- the Bus talks to the host only (and reads the registry through `storage`);
 - `op.start` goes through HOST admission, so the operation is in the durable registry before the reply;
-  a caller-chosen `op` is the handle and the idempotency key: a retry joins the same work;
+  a caller-chosen `op` is the handle and the idempotency key: a retry joins the same work; the directive's
+  schema, catalog and keyed id are checked once, by the host's `identify`, whose answer admission reuses;
 - replies and announcements are built from the registry's durable record only (never a status with a
   snapshot), by `connector.bus.messages`;
 - `op.done` goes out once per operation: the registry's terminal rows are the outbox, `AnnouncementStore`
@@ -25,7 +27,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import anyio
 from anyio.abc import TaskGroup
@@ -50,7 +52,6 @@ from connector.bus.messages import (
     encode,
     envelope,
     is_retained,
-    is_sync_directive,
     parse_op,
     parse_start,
     peek_op,
@@ -70,23 +71,23 @@ from connector.bus.node import (
     parse_cancel,
     parse_list,
 )
-from connector.bus.reader import RegistryReader
 from connector.core import authority
-from connector.core.admission import check_directive, find_action
+from connector.core.admission import Identified
 from connector.core.clock import wall_clock
-from connector.core.ids import keyed_operation_id
 from connector.core.lifecycle import TERMINAL_STATUSES, BusState, Status, is_terminal
 from connector.errors import AdmissionError, SensoriumError
+from connector.host.service import Cancelled
 from connector.service.answers import Accepted, Done, public_refusal
-from connector.service.connector import ConnectorService
 from connector.storage.announcements import AnnouncementStore
 from connector.storage.registry import DeferredRegistry, OperationRecord
+from connector.storage.registry_reader import RegistryReader
 
 _log = logging.getLogger("sensorium.bus")
 SWEEP_LIMIT = 100_000
 REPLY_CACHE_SIZE = 1024
 Handler = Callable[[str | None, bytes], Awaitable[dict[str, Any] | bytes]]
 Refuse = Callable[[bytes, SensoriumError], dict[str, Any]]
+_Row = TypeVar("_Row", bound=DurableRecord)
 
 
 class Incoming(Protocol):
@@ -102,17 +103,33 @@ class Incoming(Protocol):
 class HostFace(Protocol):
     """What the Bus needs of the reference host (`connector.host.service.HostService`)."""
 
+    def authenticate(self, token: str | None) -> authority.Principal: ...
+
+    def identify(
+        self, principal: authority.Principal, directive: Any, *, bus_op: str | None
+    ) -> Identified: ...
+
     async def admit(
-        self, token: str | None, directive: Any, *, bus_op: str | None = None
+        self,
+        principal: authority.Principal,
+        directive: Any,
+        *,
+        bus_op: str | None = None,
+        identified: Identified | None = None,
     ) -> Accepted | Done: ...
 
-    async def cancel(self, token: str | None, op_id: str) -> Done: ...
+    async def cancel_visible(self, record: OperationRecord) -> Cancelled: ...
 
     async def operator_list(
-        self, token: str | None, status: str | None = None, *, after: str | None = None, limit: int = ...
+        self,
+        operator: authority.Principal,
+        status: str | None = None,
+        *,
+        after: str | None = None,
+        limit: int = ...,
     ) -> Done: ...
 
-    async def operator_cancel(self, token: str | None, op_id: str) -> Done: ...
+    async def operator_cancel(self, operator: authority.Principal, op_id: str) -> Done: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -152,7 +169,6 @@ class BusAdapter:
         settings: BusSettings,
         *,
         host: HostFace,
-        service: ConnectorService,
         registry: DeferredRegistry,
         data_dir: Path,
         on_subscribed: Callable[[], None] | None = None,
@@ -167,7 +183,6 @@ class BusAdapter:
         )
         self.micro: Service | None = None
         self._host = host
-        self._service = service
         self._registry = registry
         self._data_dir = data_dir
         self._on_subscribed = on_subscribed
@@ -192,7 +207,7 @@ class BusAdapter:
         stack = AsyncExitStack()
         try:
             self._store = await stack.enter_async_context(await AnnouncementStore.open(self._data_dir))
-            self._reader = RegistryReader.open(self._registry.path)
+            self._reader = self._registry.open_reader()
             if self._reader is not None:
                 stack.callback(self._reader.close)
             stack.push_async_callback(self._close_connection)
@@ -344,12 +359,9 @@ class BusAdapter:
         with contextlib.suppress(NatsError):  # the broker went away: the caller retries or catches up
             await msg.respond(reply if isinstance(reply, bytes) else encode(reply))
 
-    def _authenticate(self, token: str | None) -> authority.Principal:
-        return self._service.authenticate(token)
-
     async def _get(self, token: str | None, data: bytes) -> dict[str, Any] | bytes:
         """`op.get {op}` -> `{op, state, ...durable metadata}`; `unknown` when not visible."""
-        principal = self._authenticate(token)
+        principal = self._host.authenticate(token)  # the request's one authentication, as on every subject
         op = parse_op(data)
         if self._reader is not None:
             try:
@@ -385,66 +397,63 @@ class BusAdapter:
 
     async def _start(self, token: str | None, data: bytes) -> dict[str, Any]:
         """`op.start {op?, directive}` -> `{op, state}` once the operation is in the registry."""
-        principal = self._authenticate(token)
+        principal = self._host.authenticate(token)
         request = parse_start(data)
-        action_id = self._precheck(request.directive)
-        key = request.op or request.directive.get("idempotency_key")
-        if key is None:
-            return await self._admit(token, request)
-        async with self._lock(principal.principal_id, key):
-            existing = await self._existing(principal, request, action_id)
+        # Admission steps 2-3, the Bus's operations-only rule and the keyed id: once, for admission too.
+        identified = self._host.identify(principal, request.directive, bus_op=request.op)
+        if identified.key is None:
+            return await self._admit(principal, request, identified)
+        async with self._lock(principal.principal_id, identified.key):
+            existing = await self._existing(principal, request, identified)
             if existing is None:
-                return await self._admit(token, request)
-            return await self._join(token, principal, request, existing, action_id)
+                return await self._admit(principal, request, identified)
+            return await self._join(principal, request, existing, identified)
 
     async def _existing(
-        self, principal: authority.Principal, request: StartRequest, action_id: str
+        self, principal: authority.Principal, request: StartRequest, identified: Identified
     ) -> OperationRecord | None:
         """The operation a keyed start names: by the caller's handle, else by the id its key derives."""
         if request.op is not None:
             found = await self._registry.find_by_bus_op(principal.principal_id, request.op)
             if found is not None:
                 return found
-        key = request.op or request.directive["idempotency_key"]
-        return await self._registry.get(keyed_operation_id(principal.principal_id, action_id, key))
-
-    def _precheck(self, directive: Any) -> str:
-        """Admission steps 2 and 3, then the Bus's own rule: operations only, no sync directives."""
-        action_id: str = check_directive(directive)["action_id"]
-        find_action(self._service.catalog.actions, action_id)
-        if is_sync_directive(directive):
-            raise AdmissionError(
-                "the Bus starts operations: send timing.mode async", code="execution-mode-not-supported"
-            )
-        return action_id
+        assert identified.keyed_id is not None  # a keyed start
+        return await self._registry.get(identified.keyed_id)
 
     async def _join(
         self,
-        token: str | None,
         principal: authority.Principal,
         request: StartRequest,
         existing: OperationRecord,
-        action_id: str,
+        identified: Identified,
     ) -> dict[str, Any]:
         """A retry with a known handle or key: the same work, never a second one."""
         op = request.op or existing.operation_id
         state, _ = record_state(existing)
         # A handle names one operation: not one of another action, nor one started without this handle
         # (an HTTP idempotency key equal to it derives the same id).
-        if existing.capability_id != action_id or (request.op is not None and existing.bus_op != request.op):
+        another_action = existing.capability_id != identified.action.action_id
+        if another_action or (request.op is not None and existing.bus_op != request.op):
             error = AdmissionError("this op handle names another operation", code="idempotency-conflict")
             return refusal(op, error, state=state)
         if is_terminal(Status(existing.status)) and self._may_see(principal, existing):
             # A finished operation is not admitted again (a restart forgot its scan fingerprint).
             return state_reply(op, state)
-        return await self._admit(token, request, known_state=state)
+        return await self._admit(principal, request, identified, known_state=state)
 
     async def _admit(
-        self, token: str | None, request: StartRequest, *, known_state: BusState | None = None
+        self,
+        principal: authority.Principal,
+        request: StartRequest,
+        identified: Identified,
+        *,
+        known_state: BusState | None = None,
     ) -> dict[str, Any]:
         """Host admission; the reply's state is read back from the durable record."""
         try:
-            answer = await self._host.admit(token, request.directive, bus_op=request.op)
+            answer = await self._host.admit(
+                principal, request.directive, bus_op=request.op, identified=identified
+            )
         except SensoriumError as error:
             return refusal(request.op, public_refusal(error), state=known_state or BusState.UNKNOWN)
         body = answer.handle if isinstance(answer, Accepted) else answer.document
@@ -460,49 +469,49 @@ class BusAdapter:
     async def _admin_list(self, token: str | None, data: bytes) -> dict[str, Any]:
         """`admin.list`: the page of the host's operator list the HTTP admin route answers (one builder)."""
         request = parse_list(data)
+        operator = self._host.authenticate(token)  # after the request parsed, as on the HTTP admin routes
         options = {} if request.limit is None else {"limit": request.limit}
-        listing = await self._host.operator_list(token, request.status, after=request.after, **options)
+        listing = await self._host.operator_list(operator, request.status, after=request.after, **options)
         return dict(listing.document)
 
     async def _admin_cancel(self, token: str | None, data: bytes) -> dict[str, Any]:
         """`admin.cancel {operation/id}`: the HTTP admin cancel's document."""
         op_id = parse_cancel(data)
-        return dict((await self._host.operator_cancel(token, op_id)).document)
+        operator = self._host.authenticate(token)
+        return dict((await self._host.operator_cancel(operator, op_id)).document)
 
     async def _cancel(self, token: str | None, data: bytes) -> dict[str, Any]:
-        """`op.cancel {op}` -> `{op, cancelled, state}`; `cancelled`: did this request change anything."""
-        principal = self._authenticate(token)
+        """`op.cancel {op}` -> `{op, cancelled, state}`; `cancelled`: did this request change anything.
+
+        One authority check and one registry read (under the handle's lock): the host cancels the row found.
+        """
+        principal = self._host.authenticate(token)
         op = parse_op(data)
-        record = await self._visible(principal, op)
-        if record is None:
-            return unknown_reply(op)
-        async with self._lock(principal.principal_id, record.operation_id):
-            live = await self._live_unrequested(principal, record)
+        async with self._lock(principal.principal_id, op):
+            record = await self._visible_row(principal, op)
+            if record is None:
+                return unknown_reply(op)
             try:
-                after = dict((await self._host.cancel(token, record.operation_id)).document)
+                cancelled = await self._host.cancel_visible(record)
             except SensoriumError as error:
                 if error.code == "unknown-operation":
                     return unknown_reply(op)
                 return refusal(op, public_refusal(error), state=record_state(record)[0])
-        changed = cancel_changed(was_live_unrequested=live, after=after)
+        after = cancelled.answer.document
+        # R2 merge: `cancelled.reached` becomes the runtime's `changed`, and `cancel_changed` goes.
+        changed = cancel_changed(was_live_unrequested=cancelled.reached, after=after)
         return cancel_reply(op, cancelled=changed, state=status_state(after))
-
-    async def _live_unrequested(self, principal: authority.Principal, record: DurableRecord) -> bool:
-        """Before a cancel: is the work still live and not yet asked to stop? (asked of the connector)"""
-        if is_terminal(Status(record.status)):
-            return False
-        try:
-            ref = await self._service.locate(principal, record.operation_id)
-        except SensoriumError:  # no longer the connector's (forgotten, revoked)
-            return False
-        observed = await self._service.runtimes[ref.kind].observe(record.operation_id)
-        if observed is None:
-            return False
-        return not is_terminal(Status(observed.status)) and "cancellation" not in observed.metadata
 
     async def _visible(self, principal: authority.Principal, op: str) -> DurableRecord | None:
         """The principal's own retained operation under this handle (or operation id), if its grant holds."""
-        record = await self._lookup(principal.principal_id, op)
+        return self._retained_for(principal, await self._lookup(principal.principal_id, op))
+
+    async def _visible_row(self, principal: authority.Principal, op: str) -> OperationRecord | None:
+        """As `_visible`, the whole registry row (what the host's cancel is handed)."""
+        return self._retained_for(principal, await self._registry.find_for(principal.principal_id, op))
+
+    def _retained_for(self, principal: authority.Principal, record: _Row | None) -> _Row | None:
+        """The record if the principal may see it and it is still retained, else None."""
         if record is None or not self._may_see(principal, record):
             return None
         if not is_retained(record, now=self._clock(), retention=self.settings.retention):
@@ -516,8 +525,7 @@ class BusAdapter:
                 return self._reader.find(owner, op)
             except sqlite3.Error as error:
                 _log.warning("bus registry read failed with %s; using the registry", type(error).__name__)
-        record = await self._registry.find_by_bus_op(owner, op)
-        return record if record is not None else await self._registry.get(op)
+        return await self._registry.find_for(owner, op)
 
     def _may_see(self, principal: authority.Principal, record: DurableRecord) -> bool:
         scope = record.metadata.get("scope")

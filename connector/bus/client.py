@@ -21,7 +21,7 @@ from nats.errors import ConnectionReconnectingError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from connector.bus.messages import DEFAULT_SERVICE, Subjects, decode_reply, encode, is_bus_terminal
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 
 DEFAULT_URL = "nats://127.0.0.1:4222"
 RECONNECTED = "reconnected"
@@ -37,7 +37,7 @@ class BusRefused(SensoriumError):
     def __init__(self, reply: Mapping[str, Any]) -> None:
         error = reply.get("error")
         error = error if isinstance(error, Mapping) else {}
-        super().__init__(str(error.get("message", "refused")), code=str(error.get("code", "internal")))
+        super().__init__(str(error.get("message", "refused")), code=str(error.get("code", Code.INTERNAL)))
         self.reply = dict(reply)
 
 

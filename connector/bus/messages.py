@@ -33,12 +33,12 @@ from connector.core.lifecycle import (
     bus_state,
     is_terminal,
 )
-from connector.errors import SensoriumError
+from connector.errors import CODES, BusAnswer, Code, SensoriumError
 
 DEFAULT_SERVICE: Final = "sensorium-os"
 DEFAULT_RETENTION_SECONDS: Final = 7 * 24 * 3600
-LOST_BY_HOST: Final = "unknown-operation"
-CANCELLATION_UNCONFIRMED: Final = "cancellation-unconfirmed"
+LOST_BY_HOST: Final = Code.UNKNOWN_OPERATION
+CANCELLATION_UNCONFIRMED: Final = Code.CANCELLATION_UNCONFIRMED
 MAX_REQUEST_BYTES: Final = 65536
 
 _SERVICE = re.compile(r"[A-Za-z0-9_-]{1,64}(?:\.[A-Za-z0-9_-]{1,64}){0,3}")
@@ -155,14 +155,14 @@ def peek_op(data: bytes) -> str | None:
 
 
 def _invalid(path: str, rule: str) -> SensoriumError:
-    diagnostics = [{"code": "invalid-input", "message": f"{path}: {rule}"}]
-    return SensoriumError("the Bus request is malformed", code="invalid-input", diagnostics=diagnostics)
+    diagnostics = [{"code": Code.INVALID_INPUT, "message": f"{path}: {rule}"}]
+    return SensoriumError("the Bus request is malformed", code=Code.INVALID_INPUT, diagnostics=diagnostics)
 
 
 def _decode(data: bytes, allowed: frozenset[str]) -> dict[str, Any]:
     """A closed, strict JSON object of at most `MAX_REQUEST_BYTES` (CONTRACT §1: `invalid-json` or 422)."""
     if len(data) > MAX_REQUEST_BYTES:
-        raise SensoriumError("the Bus request is too large", code="body-too-large")
+        raise SensoriumError("the Bus request is too large", code=Code.BODY_TOO_LARGE)
     body = strict_json.loads(data, directive_at=("directive",) if "directive" in allowed else None)
     if not isinstance(body, dict):
         raise _invalid("/", "object-required")
@@ -228,9 +228,14 @@ def error_code(record: DurableRecord) -> str | None:
     return None
 
 
+def bus_answer(code: str | None) -> BusAnswer:
+    """What the Bus makes of an error code, as `connector.errors.CODES` states it (`none` for no code)."""
+    return CODES[Code(code)].bus if code is not None and code in CODES else BusAnswer.NONE
+
+
 def is_interrupted(record: DurableRecord) -> bool:
-    """True for an operation cut by a restart (`failed` with `interrupted-by-restart`)."""
-    return record.status == Status.FAILED and error_code(record) == INTERRUPTED_BY_RESTART
+    """True for an operation cut by a restart (`failed` with the code the Bus reports `lost`)."""
+    return record.status == Status.FAILED and bus_answer(error_code(record)) is BusAnswer.LOST
 
 
 def record_state(record: DurableRecord) -> tuple[BusState, str | None]:
@@ -321,6 +326,15 @@ def refusal(op: str | None, error: SensoriumError, *, state: BusState = BusState
     return {"op": op, "state": state.value, "error": error.to_document()}
 
 
+def refusal_reply(
+    op: str | None, error: SensoriumError, *, state: BusState = BusState.UNKNOWN
+) -> dict[str, Any]:
+    """A refused request's Bus answer: `{op, state: unknown}` where the code hides the op, else `refusal`."""
+    if bus_answer(error.code) is BusAnswer.UNKNOWN:
+        return unknown_reply(op)
+    return refusal(op, error, state=state)
+
+
 def cancel_changed(*, was_live_unrequested: bool, after: Mapping[str, Any]) -> bool:
     """Whether a cancel changed anything: it reached live work not already asked to stop, and took hold."""
     if not was_live_unrequested:
@@ -343,7 +357,7 @@ def decode_reply(data: bytes) -> dict[str, Any]:
     try:
         body = json.loads(data)
     except ValueError:
-        raise SensoriumError("the Bus reply is not JSON", code="internal") from None
+        raise SensoriumError("the Bus reply is not JSON", code=Code.INTERNAL) from None
     if not isinstance(body, dict) or "state" not in body or "op" not in body:
-        raise SensoriumError("the Bus reply is not an operation envelope", code="internal")
+        raise SensoriumError("the Bus reply is not an operation envelope", code=Code.INTERNAL)
     return body

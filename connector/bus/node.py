@@ -20,7 +20,7 @@ from typing import Any, Final
 from urllib.parse import urlsplit
 
 from connector.bus.messages import DEFAULT_SERVICE, Subjects, check_broker_url
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 
 NODE_NAME: Final = re.compile(r"[a-z0-9-]{1,32}")
 ADMIN_LIST_MAX: Final = 200
@@ -133,7 +133,7 @@ class ListRequest:
 
 def _invalid(path: str, rule: str) -> SensoriumError:
     return SensoriumError(
-        "invalid operator request", code="invalid-input", diagnostics=[{"code": rule, "message": path}]
+        "invalid operator request", code=Code.INVALID_INPUT, diagnostics=[{"code": rule, "message": path}]
     )
 
 
@@ -144,7 +144,7 @@ def _body(data: bytes, allowed: frozenset[str]) -> dict[str, Any]:
     try:
         body = json.loads(data)
     except (ValueError, UnicodeDecodeError):
-        raise SensoriumError("the request is not JSON", code="invalid-json") from None
+        raise SensoriumError("the request is not JSON", code=Code.INVALID_JSON) from None
     if not isinstance(body, dict):
         raise _invalid("/", "not-an-object")
     extra = sorted(set(body) - allowed)

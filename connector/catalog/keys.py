@@ -14,14 +14,14 @@ from types import MappingProxyType
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
 
-from connector.errors import CatalogError
+from connector.errors import CatalogError, Code
 
 RAW_KEY_BYTES = 32
 PUBLIC_SUFFIX = ".pub"
 PRIVATE_SUFFIX = ".key"
-TRUST_INVALID = "catalog-trust-invalid"
-KEY_INVALID = "catalog-key-invalid"
-TEST_KEY_TRUSTED = "catalog-test-key"
+TRUST_INVALID = Code.CATALOG_TRUST_INVALID
+KEY_INVALID = Code.CATALOG_KEY_INVALID
+TEST_KEY_TRUSTED = Code.CATALOG_TEST_KEY
 # The public half of the test key whose private half is published in `tests/keys/` (CONTRACT §12): it signs
 # the example catalog, so trusting it is trusting anyone who can write a catalog file.
 PUBLISHED_TEST_KEY = "bUF2alQYYRx8POMeUOJqqqeXqlk3kMjNh0f2JHtYcTo"

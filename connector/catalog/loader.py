@@ -10,14 +10,14 @@ from typing import Any, NoReturn
 from connector.catalog.keys import load_trusted_keys
 from connector.catalog.signing import MALFORMED, VerifiedCatalog, verify_catalog
 from connector.catalog.state import highest_recorded_version, record_accepted_version
-from connector.errors import CatalogError
+from connector.errors import CatalogError, Code
 
 SIGNATURE_SUFFIX = ".sig"
 # Far above 64 actions of bounded strings; a larger file is not a catalog.
 MAX_FILE_BYTES = 1024 * 1024
-MISSING = "catalog-missing"
-UNSIGNED = "catalog-unsigned"
-UNREADABLE = "catalog-unreadable"
+MISSING = Code.CATALOG_MISSING
+UNSIGNED = Code.CATALOG_UNSIGNED
+UNREADABLE = Code.CATALOG_UNREADABLE
 
 
 def signature_path_for(catalog_path: Path) -> Path:

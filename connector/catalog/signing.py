@@ -31,20 +31,20 @@ from connector.contract.catalog_models import (
     DiscoveryProfileModel,
 )
 from connector.core.scope import DiscoveryProfile
-from connector.errors import AdmissionError, CatalogError
+from connector.errors import AdmissionError, CatalogError, Code
 
 # An issuer's clock may run a little ahead of ours.
 ISSUED_AT_SKEW = timedelta(minutes=5)
 SIGNATURE_BYTES = 64
 MAX_DIAGNOSTICS = 16
 
-MALFORMED = "catalog-malformed"
-UNKNOWN_KEY = "catalog-unknown-key"
-BAD_SIGNATURE = "catalog-bad-signature"
-EXPIRED = "catalog-expired"
-NOT_YET_VALID = "catalog-not-yet-valid"
-ROLLBACK = "catalog-rollback"
-INVALID = "catalog-invalid"
+MALFORMED = Code.CATALOG_MALFORMED
+UNKNOWN_KEY = Code.CATALOG_UNKNOWN_KEY
+BAD_SIGNATURE = Code.CATALOG_BAD_SIGNATURE
+EXPIRED = Code.CATALOG_EXPIRED
+NOT_YET_VALID = Code.CATALOG_NOT_YET_VALID
+ROLLBACK = Code.CATALOG_ROLLBACK
+INVALID = Code.CATALOG_INVALID
 
 _MODELS: tuple[type[BaseModel], ...] = (
     ActionCatalog,
@@ -75,7 +75,7 @@ class VerifiedCatalog:
         """The discovery profile of a discovery action (`unknown-action` when there is none)."""
         action = self.actions.get(action_id)
         if action is None or action.discovery is None:
-            raise AdmissionError("no discovery action with this id in the catalog", code="unknown-action")
+            raise AdmissionError("no discovery action with this id in the catalog", code=Code.UNKNOWN_ACTION)
         return _to_profile(action.discovery)
 
     def summary(self) -> dict[str, Any]:

@@ -17,13 +17,13 @@ from contextlib import contextmanager
 from pathlib import Path
 from types import MappingProxyType
 
-from connector.errors import CatalogError
+from connector.errors import CatalogError, Code
 from connector.storage.files import make_private_dir
 
 STATE_FILE = "catalog-state.json"
 LOCK_FILE = "catalog-state.lock"
 STATE_SCHEMA = "sensorium-catalog-state.v1"
-STATE_INVALID = "catalog-state-invalid"
+STATE_INVALID = Code.CATALOG_STATE_INVALID
 
 
 def read_accepted_versions(data_dir: Path) -> Mapping[str, int]:

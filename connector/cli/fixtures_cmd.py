@@ -42,7 +42,7 @@ from connector.cli.scan_help import provider_hint
 from connector.contract.transports import TRANSPORTS, Transport
 from connector.core.scope import DiscoveryProfile, normalise_service_type, parse_discovery_input
 from connector.core.transports import TRANSPORT_FACTS
-from connector.errors import AdmissionError, ProviderError, ProviderUnavailable
+from connector.errors import AdmissionError, Code, ProviderError, ProviderUnavailable
 from providers.base import Provider
 from providers.registry import build_provider
 
@@ -194,7 +194,7 @@ def _output_target(path: Path) -> FixtureFile:
 
 def _provider_failed(error: ProviderError, transport: str | None = None) -> int:
     print(f"sensorium-connector: fixtures record: {error.code}: {error.message}", file=sys.stderr)
-    if error.code == "provider-unavailable" and transport is not None:
+    if error.code == Code.PROVIDER_UNAVAILABLE and transport is not None:
         print(provider_hint(transport), file=sys.stderr)
     return EXIT_FAILED
 
@@ -343,7 +343,7 @@ def _report(result: RecordingResult, kept_identities: bool, transport: str) -> i
         file=sys.stderr,
     )
     if not result.stop_confirmed:
-        code = result.error.code if result.error is not None else "cleanup-unconfirmed"
+        code = result.error.code if result.error is not None else Code.CLEANUP_UNCONFIRMED
         print(f"{prefix}: {code}: the provider did not confirm its stop", file=sys.stderr)
         return EXIT_FAILED
     return EXIT_OK

@@ -38,7 +38,7 @@ from connector.contract.transports import TRANSPORTS, Transport
 from connector.core.authority import Principal
 from connector.core.clock import wall_clock
 from connector.core.transports import TRANSPORT_FACTS
-from connector.errors import AdmissionError, CatalogError, ProviderUnavailable, SensoriumError
+from connector.errors import AdmissionError, CatalogError, Code, ProviderUnavailable, SensoriumError
 
 if TYPE_CHECKING:
     from connector.catalog.signing import VerifiedCatalog
@@ -268,7 +268,7 @@ def _admitted(catalog: VerifiedCatalog, raw_input: dict[str, Any], now: datetime
             check_grant=False,
         )
     except AdmissionError as error:
-        if error.code == "unknown-action":
+        if error.code == Code.UNKNOWN_ACTION:
             raise _no_scan_action() from None
         raise
     if not isinstance(admitted, AdmittedScan):
@@ -277,7 +277,7 @@ def _admitted(catalog: VerifiedCatalog, raw_input: dict[str, Any], now: datetime
 
 
 def _no_scan_action() -> AdmissionError:
-    return AdmissionError("no discovery action with this id in the catalog", code="unknown-action")
+    return AdmissionError("no discovery action with this id in the catalog", code=Code.UNKNOWN_ACTION)
 
 
 def _started_at(spec: SessionSpec, now_ms: int) -> SessionSpec:
@@ -377,7 +377,7 @@ def _report(plan: ScanPlan, outcome: _Outcome) -> int:
     else:
         _print_summary(status, plan.scope.transport, outcome)
     error = status.get("error") or {}
-    if error.get("code") == "provider-unavailable":
+    if error.get("code") == Code.PROVIDER_UNAVAILABLE:
         print(provider_hint(plan.scope.transport), file=sys.stderr)
     state = status.get("status")
     if state == "completed":

@@ -11,9 +11,11 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, get_args
 
 from connector.contract.canonical import canonical_bytes
+from connector.contract.models import Status as WireStatus
+from connector.contract.models import TerminalStatus
 from connector.contract.patterns import OPERATION_ID_PATTERN, TIME_PATTERN, ecma
 from connector.contract.transports import CONTENT_KEYS
 from connector.contract.violations import Violation, ordered, pointer
@@ -33,9 +35,10 @@ Check = Callable[[Document], Iterator[Violation]]
 STATUS_V1 = "deferred-operation-status.v1"
 STATUS_V2 = "deferred-operation-status.v2"
 STATUS_SCHEMAS = frozenset({STATUS_V1, STATUS_V2})
-NON_TERMINAL_STATUSES = frozenset({"pending", "running"})
-TERMINAL_STATUSES = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
-STATUSES = NON_TERMINAL_STATUSES | TERMINAL_STATUSES
+# The wire literals of `models`; a test holds the core's lifecycle table to them (contract sits below core).
+TERMINAL_STATUSES: frozenset[str] = frozenset(get_args(TerminalStatus))
+STATUSES: frozenset[str] = frozenset(get_args(WireStatus))
+NON_TERMINAL_STATUSES = STATUSES - TERMINAL_STATUSES
 _WITHOUT_ERROR = frozenset({"pending", "running", "completed", "cancelled"})
 _PARTIAL_BY_REASON = {"window-complete": False, "limit-reached": True, "deadline-reached": True}
 _CANCEL_REASON = "cancel/unavailable-reason"

@@ -23,7 +23,7 @@ from decimal import Decimal
 from json import scanner
 from typing import Any, Final
 
-from connector.errors import AdmissionError, SensoriumError
+from connector.errors import AdmissionError, Code, SensoriumError
 
 MAX_DEPTH: Final = 64
 MAX_SAFE_INTEGER: Final = 2**53 - 1
@@ -130,9 +130,9 @@ def loads(raw: bytes | str, *, directive_at: Sequence[str] | None = ()) -> Any:
         decoder = _StrictDecoder()
         value = decoder.decode(text)
     except (UnicodeDecodeError, ValueError, RecursionError):
-        raise SensoriumError("the body is not strict JSON", code="invalid-json") from None
+        raise SensoriumError("the body is not strict JSON", code=Code.INVALID_JSON) from None
     if _depth_exceeds(value, MAX_DEPTH):
-        raise SensoriumError("the body nests too deeply", code="invalid-json")
+        raise SensoriumError("the body nests too deeply", code=Code.INVALID_JSON)
     path = _refused_path(value) if decoder.refused else None
     if path is not None:
         raise _number_refusal(path, directive_at)
@@ -141,11 +141,11 @@ def loads(raw: bytes | str, *, directive_at: Sequence[str] | None = ()) -> Any:
 
 def _number_refusal(path: Sequence[str | int], directive_at: Sequence[str] | None) -> AdmissionError:
     """422 naming the directive section (a known key) that holds the number, never the value."""
-    code, pointer = "invalid-input", "/"
+    code, pointer = Code.INVALID_INPUT, "/"
     prefix = tuple(directive_at) if directive_at is not None else None
     if prefix is not None and tuple(path[: len(prefix)]) == prefix and len(path) > len(prefix):
         section = path[len(prefix)]
-        code = "invalid-input" if section == "input" else "invalid-directive"
+        code = Code.INVALID_INPUT if section == "input" else Code.INVALID_DIRECTIVE
         known = isinstance(section, str) and section in _DIRECTIVE_KEYS
         parts = [*prefix, section] if known else list(prefix)
         pointer = "/" + "/".join(str(p).replace("~", "~0").replace("/", "~1") for p in parts)

@@ -30,7 +30,7 @@ from connector.core.ids import OPERATION_KIND, keyed_operation_id, random_operat
 from connector.core.policy import DeferredHostPolicy, discovery_window_end, retry_after
 from connector.core.projections import deferred_handle
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, normalised_input, parse_discovery_input
-from connector.errors import AdmissionError
+from connector.errors import AdmissionError, Code
 
 T = TypeVar("T")
 
@@ -59,7 +59,7 @@ _MODES_ALLOWED: Final[Mapping[str, frozenset[str]]] = {
 def find_action(actions_by_id: Mapping[str, T], action_id: str) -> T:
     """The catalog entry for `action_id` (step 3); 404 `unknown-action` when the catalog lacks it."""
     if action_id not in actions_by_id:
-        raise AdmissionError("action is not in the verified catalog", code="unknown-action")
+        raise AdmissionError("action is not in the verified catalog", code=Code.UNKNOWN_ACTION)
     return actions_by_id[action_id]
 
 
@@ -72,12 +72,12 @@ def check_execution_mode(execution_mode_support: str | None, requested_mode: str
     if requested_mode not in ("sync", "async"):
         raise AdmissionError(
             "timing.mode is not a known mode",
-            code="invalid-directive",
+            code=Code.INVALID_DIRECTIVE,
             diagnostics=[{"code": "enum", "message": "/timing/mode"}],
         )
     if requested_mode not in _MODES_ALLOWED[support]:
         raise AdmissionError(
-            "the action does not support the requested execution mode", code="execution-mode-not-supported"
+            "the action does not support the requested execution mode", code=Code.EXECUTION_MODE_NOT_SUPPORTED
         )
 
 
@@ -87,8 +87,8 @@ def require_status_v2(status_versions: Sequence[int] | None) -> None:
     if not any(v == 2 and not isinstance(v, bool) for v in versions):
         raise AdmissionError(
             "discovery needs 2 in timing.status_versions",
-            code="status-v2-required",
-            diagnostics=[{"code": "status-v2-required", "message": "/timing/status_versions"}],
+            code=Code.STATUS_V2_REQUIRED,
+            diagnostics=[{"code": Code.STATUS_V2_REQUIRED, "message": "/timing/status_versions"}],
         )
 
 
@@ -107,7 +107,7 @@ def _not_canonical(covered: Mapping[str, Any]) -> AdmissionError:
     paths = [f"/{name}" for name, value in covered.items() if not _canonicalizes(value)]
     return AdmissionError(
         "the directive holds a value outside the interoperable JSON range",
-        code="invalid-directive",
+        code=Code.INVALID_DIRECTIVE,
         diagnostics=[{"code": "not-canonicalizable", "message": path} for path in paths],
     )
 
@@ -124,7 +124,7 @@ def check_idempotent_replay(stored_fingerprint: bytes, new_fingerprint: bytes) -
     """Refuse a reused idempotency key whose directive differs (409 `idempotency-conflict`)."""
     if not hmac.compare_digest(stored_fingerprint, new_fingerprint):
         raise AdmissionError(
-            "the idempotency key was used with a different directive", code="idempotency-conflict"
+            "the idempotency key was used with a different directive", code=Code.IDEMPOTENCY_CONFLICT
         )
 
 
@@ -205,12 +205,43 @@ def check_directive(directive: Any) -> Mapping[str, Any]:
         else [str(v) for v in validate(DIRECTIVE_SCHEMA, directive, via="schema")]
     )
     if messages:
-        diagnostics = [{"code": "invalid-directive", "message": m} for m in messages[:MAX_DIAGNOSTICS]]
+        diagnostics = [{"code": Code.INVALID_DIRECTIVE, "message": m} for m in messages[:MAX_DIAGNOSTICS]]
         raise AdmissionError(
-            "the directive does not match its schema", code="invalid-directive", diagnostics=diagnostics
+            "the directive does not match its schema", code=Code.INVALID_DIRECTIVE, diagnostics=diagnostics
         )
     checked: Mapping[str, Any] = directive
     return checked
+
+
+@dataclass(frozen=True, slots=True)
+class Identified:
+    """A directive through steps 2 and 3: checked, its catalog action, its key and the id that key derives."""
+
+    directive: Mapping[str, Any]
+    action: CatalogAction
+    key: str | None
+    keyed_id: str | None  # None: an unkeyed directive (its id is drawn from entropy when it is planned)
+
+
+def identify(
+    directive: Any,
+    *,
+    principal: authority.Principal,
+    catalog: CatalogView,
+    op_key: str | None = None,
+    operations_only: bool = False,
+) -> Identified:
+    """Steps 2 (schema) and 3 (catalog), then, for a surface that starts operations only (the Bus), the
+    refusal of a sync directive; and the keyed id. `op_key` (a Bus `op`) overrides the directive's key."""
+    checked = check_directive(directive)
+    action = find_action(catalog.actions, checked["action_id"])
+    if operations_only and checked["timing"].get("mode") == "sync":
+        raise AdmissionError(
+            "the Bus starts operations: send timing.mode async", code="execution-mode-not-supported"
+        )
+    key = op_key if op_key is not None else checked.get("idempotency_key")
+    keyed_id = None if key is None else keyed_operation_id(principal.principal_id, action.action_id, key)
+    return Identified(checked, action, key, keyed_id)
 
 
 def plan_admission(
@@ -223,19 +254,21 @@ def plan_admission(
     entropy: Callable[[int], bytes],
     op_key: str | None = None,
     check_grant: bool = True,
+    identified: Identified | None = None,
 ) -> Admitted:
     """Steps 2-8 of CONTRACT §2 for an authenticated principal; `op_key` (a Bus `op`) overrides the key.
 
-    `check_grant=False` is for the operator at the terminal (`scan`), who holds no caller grants.
+    `identified` is this directive's `identify` for this principal and key, when an edge ran steps 2-3
+    already (they are not run twice). `check_grant=False` is for the operator at the terminal (`scan`),
+    who holds no caller grants.
     """
-    checked = check_directive(directive)
-    action = find_action(catalog.actions, checked["action_id"])
+    known = identified or identify(directive, principal=principal, catalog=catalog, op_key=op_key)
+    checked, action = known.directive, known.action
     timing: Mapping[str, Any] = checked["timing"]
     check_execution_mode(action.execution_mode_support, timing["mode"])
     if check_grant:
         authority.require_grant(principal, action.action_id, _requested_transport(action, checked))
-    key = op_key if op_key is not None else checked.get("idempotency_key")
-    steps = _Steps(checked, timing, principal, action, now, key, entropy)
+    steps = _Steps(checked, timing, principal, action, now, known.keyed_id, entropy)
     if action.action_class == "discovery":
         return steps.scan(catalog.discovery_profile(action.action_id), policy)
     return steps.command(policy)
@@ -262,7 +295,7 @@ class _Steps:
     principal: authority.Principal
     action: CatalogAction
     now: datetime
-    key: str | None
+    keyed_id: str | None
     entropy: Callable[[int], bytes]
 
     def scan(self, profile: DiscoveryProfile, policy: DeferredHostPolicy) -> AdmittedScan:
@@ -302,7 +335,7 @@ class _Steps:
             fail_after=expires_at - self.now,
             rounding="down",
         )
-        return AdmittedScan(session, handle, fingerprint, keyed=self.key is not None)
+        return AdmittedScan(session, handle, fingerprint, keyed=self.keyed_id is not None)
 
     def command(self, policy: DeferredHostPolicy) -> AdmittedCommand:
         """Steps 6 (the command's input rule) and 8 (fingerprint), then the operation's expiry."""
@@ -323,13 +356,13 @@ class _Steps:
             expires_at=expires_at,
             causal_context=self.directive.get("causal/context"),
             fingerprint=fingerprint,
-            keyed=self.key is not None,
+            keyed=self.keyed_id is not None,
         )
 
     def _operation_id(self) -> str:
-        if self.key is None:
+        if self.keyed_id is None:
             return random_operation_id(OPERATION_KIND, self.entropy(ENTROPY_BYTES))
-        return keyed_operation_id(self.principal.principal_id, self.action.action_id, self.key)
+        return self.keyed_id
 
     def _preferred_ttl(self) -> int | None:
         deferred = self.action.deferred_profile

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from connector.contract.transports import TRANSPORTS
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 
 Role = Literal["caller", "operator"]
 ROLES: tuple[Role, ...] = ("caller", "operator")
@@ -66,15 +66,32 @@ def hash_token(token: str) -> str:
 
 def authenticate(token: str | None, principals: Sequence[Principal]) -> Principal:
     """The principal holding `token`; `unauthenticated` for none, unknown or revoked."""
-    presented = hash_token(token or "")
+    found = _holder(hash_token(token or ""), principals)
+    if token and found is not None and not found.revoked:
+        return found
+    raise _unauthenticated()
+
+
+def still_authenticated(principal: Principal, principals: Sequence[Principal]) -> Principal:
+    """The current version of the principal holding the same token (after a long wait), as `authenticate`
+    would answer for that token now; `unauthenticated` once it is unknown or revoked."""
+    found = _holder(principal.token_sha256, principals)
+    if found is not None and not found.revoked:
+        return found
+    raise _unauthenticated()
+
+
+def _holder(presented: str, principals: Sequence[Principal]) -> Principal | None:
     found: Principal | None = None
     for principal in principals:
         # Every entry is compared; the match is remembered, never returned early.
         if hmac.compare_digest(presented, principal.token_sha256) and found is None:
             found = principal
-    if token and found is not None and not found.revoked:
-        return found
-    raise SensoriumError("missing, unknown or revoked bearer token", code="unauthenticated")
+    return found
+
+
+def _unauthenticated() -> SensoriumError:
+    return SensoriumError("missing, unknown or revoked bearer token", code=Code.UNAUTHENTICATED)
 
 
 def find_grant(principal: Principal, action_id: str, transport: str | None) -> Grant | None:
@@ -88,7 +105,7 @@ def require_grant(principal: Principal, action_id: str, transport: str | None) -
     """The grant that lets this caller run the action on the transport; `forbidden` otherwise."""
     grant = find_grant(principal, action_id, transport)
     if grant is None:
-        raise SensoriumError("no grant for this action or scope", code="forbidden")
+        raise SensoriumError("no grant for this action or scope", code=Code.FORBIDDEN)
     return grant
 
 
@@ -102,7 +119,7 @@ def may_see(principal: Principal, owner_id: str, action_id: str, transport: str 
 def require_operator(principal: Principal) -> None:
     """Refuse (`forbidden`) anyone but a non-revoked operator (admin routes)."""
     if principal.revoked or principal.role != "operator":
-        raise SensoriumError("operator role required", code="forbidden")
+        raise SensoriumError("operator role required", code=Code.FORBIDDEN)
 
 
 def may_forget_binding(principal: Principal, owner_id: str) -> bool:
@@ -140,7 +157,7 @@ def check_principal_id(principal_id: str) -> str:
     """Validate a principal id (it appears in admin paths); `invalid-input` when malformed."""
     if not PRINCIPAL_ID_PATTERN.fullmatch(principal_id):
         raise SensoriumError(
-            "principal id must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", code="invalid-input"
+            "principal id must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$", code=Code.INVALID_INPUT
         )
     return principal_id
 
@@ -150,19 +167,19 @@ def check_role(role: str) -> Role:
     for known in ROLES:
         if role == known:
             return known
-    raise SensoriumError("role must be caller or operator", code="invalid-input")
+    raise SensoriumError("role must be caller or operator", code=Code.INVALID_INPUT)
 
 
 def make_grant(action_id: str, transports: Iterable[str] | None = None) -> Grant:
     """A validated grant; `invalid-input` for a malformed action id or an unknown/duplicate transport."""
     if not ACTION_ID_PATTERN.fullmatch(action_id):
-        raise SensoriumError("grant action id is malformed", code="invalid-input")
+        raise SensoriumError("grant action id is malformed", code=Code.INVALID_INPUT)
     if transports is None:
         return Grant(action_id)
     listed = tuple(transports)
     if not listed or len(set(listed)) != len(listed) or any(t not in TRANSPORTS for t in listed):
         raise SensoriumError(
-            "grant transports must be unique values of ble, usb-serial, mdns", code="invalid-input"
+            "grant transports must be unique values of ble, usb-serial, mdns", code=Code.INVALID_INPUT
         )
     return Grant(action_id, listed)
 

@@ -13,7 +13,7 @@ from typing import Any, Literal
 from connector.contract.canonical import canonical_bytes
 from connector.contract.catalog_models import CatalogAction
 from connector.core.policy import retry_after
-from connector.errors import AdmissionError, SensoriumError
+from connector.errors import AdmissionError, Code, SensoriumError
 
 DEFAULT_MAX_INPUT_BYTES = 65536
 
@@ -35,7 +35,7 @@ class CommandAction:
     def from_catalog(cls, action: CatalogAction) -> CommandAction:
         """Build from a verified catalog action; `unknown-action` if it is not a command action."""
         if action.command is None:
-            raise SensoriumError("not a command action", code="unknown-action")
+            raise SensoriumError("not a command action", code=Code.UNKNOWN_ACTION)
         profile = action.deferred_profile
         return cls(
             action_id=action.action_id,
@@ -75,6 +75,6 @@ def _invalid_input(path: str, rule: str) -> AdmissionError:
     """An `invalid-input` refusal naming the path and rule, never the value."""
     return AdmissionError(
         "input refused",
-        code="invalid-input",
-        diagnostics=[{"code": "invalid-input", "message": f"{path}: {rule}"}],
+        code=Code.INVALID_INPUT,
+        diagnostics=[{"code": Code.INVALID_INPUT, "message": f"{path}: {rule}"}],
     )

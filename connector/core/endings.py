@@ -21,13 +21,14 @@ from enum import StrEnum
 from types import MappingProxyType
 
 from connector.core.lifecycle import Status
+from connector.errors import Code
 
-DEADLINE_EXCEEDED = "deadline-exceeded"
-CLEANUP_UNCONFIRMED = "cleanup-unconfirmed"
-CANCELLATION_UNCONFIRMED = "cancellation-unconfirmed"
-PROVIDER_FAILURE = "provider-failure"
-PROVIDER_RESTARTED = "provider-restarted"
-STOP_BY_DISCONNECT = "stop-by-disconnect"
+DEADLINE_EXCEEDED = Code.DEADLINE_EXCEEDED
+CLEANUP_UNCONFIRMED = Code.CLEANUP_UNCONFIRMED
+CANCELLATION_UNCONFIRMED = Code.CANCELLATION_UNCONFIRMED
+PROVIDER_FAILURE = Code.PROVIDER_FAILURE
+PROVIDER_RESTARTED = Code.PROVIDER_RESTARTED
+STOP_BY_DISCONNECT = Code.STOP_BY_DISCONNECT
 
 
 class EndCause(StrEnum):
@@ -36,7 +37,7 @@ class EndCause(StrEnum):
     WINDOW = "window-complete"
     DEADLINE = "deadline-reached"
     LIMIT = "limit-reached"
-    FAILURE = "provider-failure"
+    FAILURE = Code.PROVIDER_FAILURE
     CANCEL = "cancel"
     TIMEOUT = "timed-out"
     EXPIRY = "expired"

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from enum import StrEnum
 from types import MappingProxyType
 
-from connector.errors import LifecycleError
+from connector.errors import Code, LifecycleError
 
 
 class Status(StrEnum):
@@ -103,13 +103,13 @@ BUS_TERMINAL_STATES: frozenset[BusState] = frozenset(
     {BusState.DONE, BusState.FAILED, BusState.CANCELLED, BusState.LOST}
 )
 
-INTERRUPTED_BY_RESTART = "interrupted-by-restart"
+INTERRUPTED_BY_RESTART = Code.INTERRUPTED_BY_RESTART
 
 
 class IllegalTransition(LifecycleError):
     """A move the lifecycle table does not allow; carries both statuses (and the event, if any)."""
 
-    default_code = "illegal-transition"
+    default_code = Code.ILLEGAL_TRANSITION
 
     def __init__(self, current: Status, new: Status | None = None, *, event: Event | None = None) -> None:
         target = str(new) if new is not None else f"<{event}>"

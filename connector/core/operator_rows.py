@@ -18,11 +18,12 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from connector.core.clock import parse_time, to_ms
+from connector.core.lifecycle import TERMINAL_STATUSES
 from connector.core.transports import TRANSPORT_FACTS
 
 MAX_PAGE: Final = 200
 DEFAULT_PAGE: Final = 50
-TERMINAL: Final = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
+TERMINAL: Final = TERMINAL_STATUSES
 ENDED_REASON: Final = "the operation has ended"
 DEFAULT_ADAPTER_TEXT: Final = "default"
 _CODE: Final = re.compile(r"^[a-z][a-z0-9-]{0,63}$")

@@ -12,7 +12,7 @@ from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
 
 from connector.contract.catalog_models import DeferredProfileModel
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 
 # CONTRACT §1: the connector's retry hint when the action's deferred profile gives none.
 DEFAULT_RETRY_AFTER_SECONDS = 1
@@ -21,7 +21,7 @@ DEFAULT_RETRY_AFTER_SECONDS = 1
 class PolicyError(SensoriumError):
     """The host policy configuration was refused; diagnostics name the keys, never their values."""
 
-    default_code = "invalid-policy"
+    default_code = Code.INVALID_POLICY
 
 
 _INT_MINIMUMS: Mapping[str, int] = {

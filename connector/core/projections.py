@@ -22,33 +22,35 @@ from datetime import timedelta
 from typing import Any, Final, Literal
 
 from connector.core.candidates import format_ms
+from connector.core.lifecycle import TERMINAL_STATUSES
 from connector.core.scope import DiscoveryScope, redacted_scope
 from connector.core.snapshot import Revision
+from connector.errors import Code
 
 HANDLE_SCHEMA: Final = "sensorium-connector-deferred.v1"
 STATUS_SCHEMA: Final = "deferred-operation-status.v2"
 RESULT_SCHEMA: Final = "sensorium-device-discovery-result.v1"
 PROGRESS_TYPE: Final = "sensorium-device-discovery-progress.v1"
-TERMINAL: Final = frozenset({"completed", "failed", "timed-out", "cancelled", "expired", "unknown"})
+TERMINAL: Final = TERMINAL_STATUSES
 ERROR_STATUSES: Final = frozenset({"failed", "timed-out", "expired"})
 COMPLETE_REASON: Final = "window-complete"
 
 # What a caller reads for each terminal code: fixed text, never an input or device value.
 ERROR_MESSAGES: Final[Mapping[str, str]] = {
-    "provider-unavailable": "no usable adapter for this transport",
-    "provider-failure": "the provider failed during the scan",
-    "provider-restarted": "the adapter or its backend restarted during the scan",
-    "cancellation-unconfirmed": "the scan did not confirm its stop after cancellation",
-    "cleanup-unconfirmed": "the scan did not confirm its stop",
-    "interrupted-by-restart": "the connector restarted during the scan",
-    "grant-revoked": "the caller's grant was revoked",
-    "response-too-large": "the status exceeded the response size limit",
-    "deadline-exceeded": "the operation did not finish before its deadline",
+    Code.PROVIDER_UNAVAILABLE: "no usable adapter for this transport",
+    Code.PROVIDER_FAILURE: "the provider failed during the scan",
+    Code.PROVIDER_RESTARTED: "the adapter or its backend restarted during the scan",
+    Code.CANCELLATION_UNCONFIRMED: "the scan did not confirm its stop after cancellation",
+    Code.CLEANUP_UNCONFIRMED: "the scan did not confirm its stop",
+    Code.INTERRUPTED_BY_RESTART: "the connector restarted during the scan",
+    Code.GRANT_REVOKED: "the caller's grant was revoked",
+    Code.RESPONSE_TOO_LARGE: "the status exceeded the response size limit",
+    Code.DEADLINE_EXCEEDED: "the operation did not finish before its deadline",
 }
 DEFAULT_ERROR_CODE: Final[Mapping[str, str]] = {
-    "failed": "provider-failure",
-    "timed-out": "deadline-exceeded",
-    "expired": "deadline-exceeded",
+    "failed": Code.PROVIDER_FAILURE,
+    "timed-out": Code.DEADLINE_EXCEEDED,
+    "expired": Code.DEADLINE_EXCEEDED,
 }
 
 

@@ -26,6 +26,7 @@ from enum import StrEnum
 from typing import Any, Literal, Protocol
 
 from connector.contract.validate import validate
+from connector.core.authority import Principal
 from connector.core.lifecycle import Status, is_terminal
 from connector.errors import SensoriumError
 from connector.host.metrics import HostMetrics
@@ -226,10 +227,15 @@ class DeferredCapability(Protocol):
 
     continuations: ContinuationStore
 
-    async def admit(self, token: str | None, directive: Any, *, bus_op: str | None = None) -> Accepted | Done:
+    def authenticate(self, token: str | None) -> Principal:
+        """The principal behind a bearer token."""
+
+    async def admit(
+        self, principal: Principal, directive: Any, *, bus_op: str | None = None
+    ) -> Accepted | Done:
         """Host admission."""
 
-    async def cancel(self, token: str | None, op_id: str) -> Done:
+    async def cancel(self, principal: Principal, op_id: str) -> Done:
         """Cancel an operation of this caller."""
 
 
@@ -242,7 +248,8 @@ async def run_step(
 ) -> StepOutcome:
     """Call the capability; on a deferred handle suspend (surface) or refuse and cancel (reject)."""
     try:
-        answer = await host.admit(token, directive)
+        principal = host.authenticate(token)  # once for the step: its admit and its cancel
+        answer = await host.admit(principal, directive)
     except SensoriumError as error:
         return classify_outcome(public_refusal(error).to_document(), mode)
     body = answer.handle if isinstance(answer, Accepted) else answer.document
@@ -254,5 +261,5 @@ async def run_step(
         await host.continuations.suspend(op_id, stored)
     elif is_handle and "cancel_href" in body:
         with contextlib.suppress(SensoriumError):  # refused or already gone: the flow fails either way
-            await host.cancel(token, body["operation/id"])
+            await host.cancel(principal, body["operation/id"])
     return outcome

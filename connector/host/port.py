@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 from connector.core import authority
+from connector.core.admission import Identified
 from connector.core.policy import retry_after
 from connector.runtime.kinds import Kind, Observed
 from connector.service.answers import Accepted, Done
@@ -36,8 +37,18 @@ class ConnectorPort(Protocol):
     def action(self, action_id: str) -> ActionInfo | None:
         """The catalog action, or None when the catalog no longer has it."""
 
+    def identify(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None, operations_only: bool
+    ) -> Identified:
+        """Admission steps 2-3 and the keyed id (an edge looks the operation up before admitting it)."""
+
     async def admit(
-        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+        self,
+        principal: authority.Principal,
+        directive: Any,
+        *,
+        op_key: str | None,
+        identified: Identified | None = None,
     ) -> Accepted | Done:
         """The connector's admission (CONTRACT §2) for an authenticated principal."""
 
@@ -80,11 +91,22 @@ class InProcessConnector:
             preferred_max_ttl_seconds=profile.preferred_max_ttl_seconds if profile else None,
         )
 
+    def identify(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None, operations_only: bool
+    ) -> Identified:
+        """Admission steps 2-3 and the keyed id, run once for the admission that may follow."""
+        return self.service.identify(principal, directive, op_key=op_key, operations_only=operations_only)
+
     async def admit(
-        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+        self,
+        principal: authority.Principal,
+        directive: Any,
+        *,
+        op_key: str | None,
+        identified: Identified | None = None,
     ) -> Accepted | Done:
         """Admission in CONTRACT §2 order; `op_key` (a Bus `op`) overrides the idempotency key."""
-        return await self.service.invoke(principal, directive, op_key=op_key)
+        return await self.service.invoke(principal, directive, op_key=op_key, identified=identified)
 
     async def observe(self, operation_id: str, kind: Kind) -> Observed | None:
         """Durable metadata: the CONTRACT §7 projection for discovery, the status without result for

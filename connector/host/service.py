@@ -5,8 +5,9 @@ Rules of this file:
 - an operation already over when the host first looks (a window cut to zero, a command that ended during
   admission) is recorded `pending`, as its handle says, and concluded by the poll's own path: its history
   holds both, nothing stays due, and the terminal listeners (op.done, continuation) fire once;
-- every read, poll and cancel by a caller re-checks the principal, its ownership of the row and its current
-  grant; anything else is `unknown-operation`, exactly like an id nobody ever saw;
+- each edge authenticates once (`authenticate`) and hands the principal down; every read, poll and cancel by
+  a caller re-checks its ownership of the row and its current grant; anything else is `unknown-operation`,
+  exactly like an id nobody ever saw;
 - what is recorded is durable metadata (CONTRACT §7) only; the caller-private status is fetched live, shaped
   with the host's policy fields and handed to the caller, never stored;
 - a status larger than `max_response_bytes` is not sent: the operation ends `failed` `response-too-large`;
@@ -25,13 +26,13 @@ from __future__ import annotations
 import logging
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
 from connector.contract.canonical import canonical_bytes, sha256_hex
 from connector.core import authority
-from connector.core.admission import caller_deadline
+from connector.core.admission import Identified, caller_deadline
 from connector.core.clock import from_ms, wall_clock
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import IllegalTransition, Status, is_terminal
@@ -62,6 +63,14 @@ from connector.storage.registry import DEFAULT_RETENTION, DeferredRegistry, Oper
 _log = logging.getLogger("sensorium.host")
 _STATUSES = frozenset(s.value for s in Status)
 Spawn = Callable[[Callable[[], Awaitable[None]]], None]
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """What a cancel answered: the status after it, and whether it reached live work not yet asked to stop."""
+
+    reached: bool
+    answer: Done
 
 
 def system_jitter() -> float:
@@ -109,15 +118,30 @@ class HostService:
         """Stop listening to the registry."""
         self._undo_listener()
 
+    def authenticate(self, token: str | None) -> authority.Principal:
+        """The principal behind a bearer token (CONTRACT §2 step 1): each edge asks once per request."""
+        return self.port.authenticate(token)
+
     # ---- admission -----------------------------------------------------------------------------------------
 
-    async def admit(self, token: str | None, directive: Any, *, bus_op: str | None = None) -> Accepted | Done:
+    def identify(self, principal: authority.Principal, directive: Any, *, bus_op: str | None) -> Identified:
+        """For the Bus's `op.start`: admission steps 2-3, the Bus's operations-only rule and the keyed id,
+        run once (hand the answer to `admit`)."""
+        return self.port.identify(principal, directive, op_key=bus_op, operations_only=True)
+
+    async def admit(
+        self,
+        principal: authority.Principal,
+        directive: Any,
+        *,
+        bus_op: str | None = None,
+        identified: Identified | None = None,
+    ) -> Accepted | Done:
         """POST /v1/host/directives: connector admission, then the host handle (202) or the sync answer."""
-        principal = self.port.authenticate(token)
         # Every repeat goes through the connector's full admission (steps 2-8, issue D6); the connector
         # answers a keyed repeat of ended or restart-cut work from its durable record and starts nothing,
         # and `_accept` then answers the host's recorded handle.
-        answer = await self.port.admit(principal, directive, op_key=bus_op)
+        answer = await self.port.admit(principal, directive, op_key=bus_op, identified=identified)
         if not isinstance(answer, Accepted):
             return answer
         return await self._accept(principal, directive, answer.handle, bus_op)
@@ -218,32 +242,48 @@ class HostService:
 
     async def status(
         self,
-        token: str | None,
+        principal: authority.Principal,
         op_id: str,
         *,
         wait_seconds: float | None = None,
         after_revision: int | None = None,
     ) -> Done:
         """GET /v1/host/operations/{id}: the connector's status live, with the host's policy fields."""
-        record = await self._visible(token, op_id)
+        record = await self._visible(principal, op_id)
         document = await self.port.caller_status(
             op_id, kind_of(record), wait_seconds=wait_seconds, after_revision=after_revision
         )
         return Done(await self._answer(record, document))
 
-    async def cancel(self, token: str | None, op_id: str) -> Done:
+    async def cancel(self, principal: authority.Principal, op_id: str) -> Done:
         """POST /v1/host/operations/{id}/cancel: bridged only where the handle has a `cancel_href`."""
-        record = await self._visible(token, op_id)
-        kind = kind_of(record)
+        return (await self._cancel(await self._visible(principal, op_id), probe=False)).answer
+
+    async def cancel_visible(self, record: OperationRecord) -> Cancelled:
+        """The cancel of a row its caller may see (checked by the edge that found it, e.g. the Bus by its
+        handle): the status after the request, and whether the request reached live, unstopped work."""
+        return await self._cancel(record, probe=True)
+
+    async def _cancel(self, record: OperationRecord, *, probe: bool) -> Cancelled:
+        op_id, kind = record.operation_id, kind_of(record)
         if record.terminal:
             document = await self.port.caller_status(op_id, kind, wait_seconds=None, after_revision=None)
-        else:
-            _require_cancelable(record)
-            document = await self.port.cancel(op_id, kind)
-        return Done(await self._answer(record, document))
+            return Cancelled(False, Done(await self._answer(record, document)))
+        _require_cancelable(record)
+        # R2 merge: `reached` becomes the `changed` of the runtime's `cancel -> (changed, status)`; until
+        # then it is probed before the request.
+        reached = probe and await self._live_unrequested(op_id, kind)
+        document = await self.port.cancel(op_id, kind)
+        return Cancelled(reached, Done(await self._answer(record, document)))
 
-    async def _visible(self, token: str | None, op_id: str) -> OperationRecord:
-        principal = self.port.authenticate(token)
+    async def _live_unrequested(self, op_id: str, kind: Kind) -> bool:
+        """Before a cancel: is the work still live and not yet asked to stop? (asked of the connector)"""
+        observed = await self.port.observe(op_id, kind)
+        if observed is None:
+            return False
+        return not is_terminal(Status(observed.status)) and "cancellation" not in observed.metadata
+
+    async def _visible(self, principal: authority.Principal, op_id: str) -> OperationRecord:
         record = await self.registry.get(op_id)
         if record is None or not authority.may_see(
             principal, record.owner, record.capability_id, documents.transport_of(record)
@@ -481,7 +521,7 @@ class HostService:
 
     async def operator_list(
         self,
-        token: str | None,
+        operator: authority.Principal,
         status: str | None = None,
         *,
         after: str | None = None,
@@ -489,7 +529,7 @@ class HostService:
     ) -> Done:
         """GET /v1/admin/deferred-operations: every operation the process knows, newest first, a page at a
         time (CONTRACT §9). The HTTP admin list, the console and the Bus `admin.list` all call this."""
-        self._operator(token)
+        authority.require_operator(operator)
         if status is not None and status not in _STATUSES:
             raise _invalid_query("status", "unknown-status")
         try:
@@ -508,25 +548,25 @@ class HostService:
             document["next_after"] = page.next_after
         return Done(document)
 
-    async def operator_detail(self, token: str | None, op_id: str) -> Done:
+    async def operator_detail(self, operator: authority.Principal, op_id: str) -> Done:
         """GET /v1/admin/deferred-operations/{id}: durable view, history digests, receipt."""
-        self._operator(token)
+        authority.require_operator(operator)
         record = await self.registry.get(op_id)
         if record is None:
             return Done(await self._connector_detail(op_id))
         return Done(await self._detail(record))
 
-    async def operator_poll(self, token: str | None, op_id: str) -> Done:
+    async def operator_poll(self, operator: authority.Principal, op_id: str) -> Done:
         """POST /v1/admin/deferred-operations/{id}/poll: poll now, then the detail."""
-        self._operator(token)
+        authority.require_operator(operator)
         record = await self.registry.get(op_id)
         if record is None:  # the connector's own: its metadata is live, there is nothing to poll
             return Done(await self._connector_detail(op_id))
         return Done(await self._detail(await self.poll(record)))
 
-    async def operator_cancel(self, token: str | None, op_id: str) -> Done:
+    async def operator_cancel(self, operator: authority.Principal, op_id: str) -> Done:
         """POST /v1/admin/deferred-operations/{id}/cancel: bridged where cancelable, then the detail."""
-        self._operator(token)
+        authority.require_operator(operator)
         record = await self.registry.get(op_id)
         if record is None:
             return Done(await self._cancel_connector_own(op_id))
@@ -567,9 +607,6 @@ class HostService:
             kind: Kind = "discovery" if "scope" in row["metadata"] else "command"
             await self.port.cancel(op_id, kind)
         return await self._connector_detail(op_id)
-
-    def _operator(self, token: str | None) -> None:
-        authority.require_operator(self.port.authenticate(token))
 
     async def _detail(self, record: OperationRecord) -> dict[str, Any]:
         history = await self.registry.history(record.operation_id)

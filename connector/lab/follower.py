@@ -27,6 +27,7 @@ from nats.errors import Error as NatsError
 from connector.bus.messages import DEFAULT_SERVICE
 from connector.bus.node import ADMIN_LIST_MAX, MICRO_NAME, BrokerAccess, NodeSubjects, connect_options
 from connector.core.lab import LabTable, node_info
+from connector.errors import Code
 
 _log = logging.getLogger("sensorium.lab")
 MAX_PAGES = 1000
@@ -186,11 +187,11 @@ class LabFollower:
         """The node's `admin.cancel` answer, else the view's own `{"error"}` (no token, no answer)."""
         token = self._tokens.get(name)
         if token is None:
-            return _own_error("forbidden", "no operator token for this node in the nodes file")
+            return _own_error(Code.FORBIDDEN, "no operator token for this node in the nodes file")
         subject = NodeSubjects.of(self.settings.service, name).admin_cancel
         answer = await self._ask(subject, token, {"operation/id": operation_id})
         if answer is None:
-            return _own_error("internal", "the node did not answer")
+            return _own_error(Code.INTERNAL, "the node did not answer")
         operation = answer.get("operation")
         if isinstance(operation, dict):
             self.table.put(name, operation)

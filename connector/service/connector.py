@@ -1,7 +1,8 @@
 """The connector service: admission in CONTRACT §2 order, then discovery sessions or command actions.
 
-HTTP and the Bus are thin faces over this class. Every method authenticates first and re-checks the
-principal's current grant; an operation that is not the principal's answers `unknown-operation`.
+HTTP and the Bus are thin faces over this class. Each edge authenticates once (`authenticate`) and hands
+the `Principal` down; every method re-checks its current grant, and an operation that is not the principal's
+answers `unknown-operation`.
 """
 
 from __future__ import annotations
@@ -17,7 +18,14 @@ import anyio
 
 from connector.catalog.signing import VerifiedCatalog
 from connector.core import authority
-from connector.core.admission import AdmittedCommand, AdmittedScan, check_idempotent_replay, plan_admission
+from connector.core.admission import (
+    AdmittedCommand,
+    AdmittedScan,
+    Identified,
+    check_idempotent_replay,
+    identify,
+    plan_admission,
+)
 from connector.core.clock import to_ms, wall_clock
 from connector.core.lifecycle import Status
 from connector.core.policy import DeferredHostPolicy
@@ -101,6 +109,7 @@ class ConnectorService:
         self._live_transport: dict[str, str] = {}
         self._live_sessions: Counter[str] = Counter()
         self._admitted: dict[str, _Admitted] = {}
+        self.authentications = 0
         self.bindings = Bindings(state=state, discovery=discovery, clock=clock, entropy=entropy)
         self._undo_revoked = principals.on_revoked(self._on_revoked)
         discovery.add_ended_listener(lambda op_id, _owner: self._end_live(op_id))
@@ -110,7 +119,11 @@ class ConnectorService:
     # ---- authority -----------------------------------------------------------------------------------------
 
     def authenticate(self, token: str | None) -> authority.Principal:
-        """The principal behind a bearer token, after picking up any change of the principals file."""
+        """The principal behind a bearer token, after picking up any change of the principals file.
+
+        Each edge calls this once per request; `authentications` counts the calls (one per request).
+        """
+        self.authentications += 1
         self.principals.reload_if_changed()
         return self.principals.authenticate(token)
 
@@ -165,12 +178,30 @@ class ConnectorService:
 
     # ---- directives ----------------------------------------------------------------------------------------
 
+    def identify(
+        self, principal: authority.Principal, directive: Any, *, op_key: str | None, operations_only: bool
+    ) -> Identified:
+        """Admission steps 2-3 and the keyed id, for an edge that looks the operation up before admitting."""
+        return identify(
+            directive,
+            principal=principal,
+            catalog=self.catalog,
+            op_key=op_key,
+            operations_only=operations_only,
+        )
+
     async def invoke(
-        self, principal: authority.Principal, directive: Any, *, op_key: str | None = None
+        self,
+        principal: authority.Principal,
+        directive: Any,
+        *,
+        op_key: str | None = None,
+        identified: Identified | None = None,
     ) -> Accepted | Done:
         """Admission (CONTRACT §2 steps 2-9) for an authenticated principal, then start or run the work.
 
-        `op_key` (a Bus `op`) overrides the directive's idempotency key.
+        `op_key` (a Bus `op`) overrides the directive's idempotency key; `identified` is this directive's
+        `identify` when the edge ran steps 2-3 already.
         """
         plan = plan_admission(
             directive,
@@ -180,6 +211,7 @@ class ConnectorService:
             now=self._clock(),
             entropy=self._entropy,
             op_key=op_key,
+            identified=identified,
         )
         if isinstance(plan, AdmittedScan):
             return await self._admit_discovery(plan)
@@ -322,14 +354,14 @@ class ConnectorService:
 
     async def status(
         self,
-        token: str | None,
+        principal: authority.Principal,
         op_id: str,
         *,
         wait_seconds: float | None = None,
         after_revision: int | None = None,
     ) -> Done:
         """GET /v1/operations/{id}, with the optional long poll."""
-        ref = await self.locate(self.authenticate(token), op_id)
+        ref = await self.locate(principal, op_id)
         wait = None if wait_seconds is None else max(0.0, min(float(wait_seconds), MAX_WAIT_SECONDS))
         if not wait:
             return self._deliver(op_id, await self._current_status(ref))
@@ -339,7 +371,7 @@ class ConnectorService:
         document = waited if waited is not None else await self._current_status(ref)
         delivered = self._deliver(op_id, document)
         # Authority is checked again after the wait: a revocation meanwhile answers as for anyone else.
-        await self.locate(self.authenticate(token), op_id)
+        await self.locate(self.principals.current(principal), op_id)
         return delivered
 
     def _deliver(self, op_id: str, document: dict[str, Any]) -> Done:
@@ -360,24 +392,22 @@ class ConnectorService:
             record.metadata, final_revision=record.final_revision, causal_context=record.causal_context
         )
 
-    async def cancel(self, token: str | None, op_id: str) -> Done:
+    async def cancel(self, principal: authority.Principal, op_id: str) -> Done:
         """POST /v1/operations/{id}/cancel: the status after the request."""
-        ref = await self.locate(self.authenticate(token), op_id)
+        ref = await self.locate(principal, op_id)
         document = await self.runtimes[ref.kind].cancel(op_id)
         if document is None:  # ended: the unchanged status
             document = await self._current_status(ref)
         return self._deliver(op_id, document)
 
-    async def select(self, token: str | None, op_id: str, body: Any) -> Done:
+    async def select(self, principal: authority.Principal, op_id: str, body: Any) -> Done:
         """POST /v1/operations/{id}/selection: remember a candidate of a running snapshot (memory only)."""
-        principal = self.authenticate(token)
         ref = await self.locate(principal, op_id)
         authority.require_grant(principal, ref.action_id, ref.transport)
         return self.bindings.select(op_id, body)
 
-    async def bind(self, token: str | None, op_id: str, body: Any) -> Created:
+    async def bind(self, principal: authority.Principal, op_id: str, body: Any) -> Created:
         """POST /v1/operations/{id}/bindings: consume a candidate exactly once and reveal its address."""
-        principal = self.authenticate(token)
         ref = await self.locate(principal, op_id)
         authority.require_grant(principal, ref.action_id, ref.transport)
         candidate_ref, key = bind_request(body)
@@ -390,21 +420,21 @@ class ConnectorService:
             refuse_erased(Status((await self._current_status(ref))["status"]))
         return await self.bindings.bind(principal, op_id, candidate_ref, key)
 
-    async def forget(self, token: str | None, binding_id: str) -> Gone:
+    async def forget(self, principal: authority.Principal, binding_id: str) -> Gone:
         """DELETE /v1/bindings/{id}: erase a binding (the owner's own, or any for an operator)."""
-        return await self.bindings.forget(self.authenticate(token), binding_id)
+        return await self.bindings.forget(principal, binding_id)
 
-    async def list_bindings(self, token: str | None) -> Done:
+    async def list_bindings(self, principal: authority.Principal) -> Done:
         """GET /v1/bindings: the caller's own bindings with addresses, or every one for an operator."""
-        return await self.bindings.listing(self.authenticate(token))
+        return await self.bindings.listing(principal)
 
     def catalog_summary(self) -> dict[str, Any]:
         """GET /v1/catalog."""
         return self.catalog.summary()
 
-    def revoke(self, token: str | None, principal_id: str, action_id: str | None) -> Done:
+    def revoke(self, operator: authority.Principal, principal_id: str, action_id: str | None) -> Done:
         """POST /v1/admin/principals/{id}/revoke (operators only)."""
-        authority.require_operator(self.authenticate(token))
+        authority.require_operator(operator)
         lost = self._revoke_now(principal_id, action_id)
         return Done(revocation_answer(principal_id, action_id, lost))
 

@@ -28,8 +28,9 @@ from connector.core.authority import (
     hash_token,
     lost_actions,
     make_grant,
+    still_authenticated,
 )
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 from connector.storage.files import make_private_dir
 
 SCHEMA = "sensorium-principals.v1"
@@ -66,13 +67,13 @@ def add_principal(data_dir: Path, principal_id: str, role: str, grants: Sequence
     check_principal_id(principal_id)
     checked_role = check_role(role)
     if checked_role == "operator" and grants:
-        raise SensoriumError("operators hold no caller grants", code="invalid-input")
+        raise SensoriumError("operators hold no caller grants", code=Code.INVALID_INPUT)
     _check_unique_grants(grants)
     token = secrets.token_urlsafe(32)
     with _locked(data_dir):
         current = load_principals(data_dir)
         if any(p.principal_id == principal_id for p in current):
-            raise SensoriumError("a principal with this id already exists", code="principal-exists")
+            raise SensoriumError("a principal with this id already exists", code=Code.PRINCIPAL_EXISTS)
         created = Principal(principal_id, checked_role, hash_token(token), tuple(grants))
         _save(data_dir, (*current, created))
     return token
@@ -125,6 +126,12 @@ class PrincipalDirectory:
     def authenticate(self, token: str | None) -> Principal:
         """Authenticate against the current principals (call `reload_if_changed` first)."""
         return authenticate(token, self._current)
+
+    def current(self, principal: Principal) -> Principal:
+        """The principal as the principals file says now (picking up a change), `unauthenticated` once its
+        token no longer authenticates: a re-check of authority after a wait, not a second authentication."""
+        self.reload_if_changed()
+        return still_authenticated(principal, self._current)
 
     def on_revoked(self, callback: RevokedCallback) -> Callable[[], None]:
         """Call `callback(principal_id, lost_action_ids)` on every revocation; returns the undo function."""
@@ -185,7 +192,7 @@ def _revoked_version(principal: Principal, action_id: str | None) -> Principal:
         return replace(principal, grants=(), revoked=True)
     kept = tuple(grant for grant in principal.grants if grant.action_id != action_id)
     if len(kept) == len(principal.grants):
-        raise SensoriumError("the principal holds no grant for this action", code="unknown-grant")
+        raise SensoriumError("the principal holds no grant for this action", code=Code.UNKNOWN_GRANT)
     return replace(principal, grants=kept)
 
 
@@ -194,14 +201,14 @@ def _find(principals: Sequence[Principal], principal_id: str) -> Principal:
     for principal in principals:
         if principal.principal_id == principal_id:
             return principal
-    raise SensoriumError("no principal with this id", code="unknown-principal")
+    raise SensoriumError("no principal with this id", code=Code.UNKNOWN_PRINCIPAL)
 
 
 def _check_unique_grants(grants: Sequence[Grant]) -> None:
     """One grant per action id (transports are merged by the caller)."""
     ids = [grant.action_id for grant in grants]
     if len(set(ids)) != len(ids):
-        raise SensoriumError("one grant per action id", code="invalid-input")
+        raise SensoriumError("one grant per action id", code=Code.INVALID_INPUT)
 
 
 def _parse_document(doc: Any) -> tuple[Principal, ...]:
@@ -319,4 +326,4 @@ def _locked(data_dir: Path) -> Iterator[None]:
 
 def _malformed(reason: str) -> SensoriumError:
     """A refusal of the file that names the reason, never its content."""
-    return SensoriumError(reason, code="principals-malformed")
+    return SensoriumError(reason, code=Code.PRINCIPALS_MALFORMED)

@@ -43,7 +43,8 @@ from connector.core.lifecycle import (
     check_observed,
     is_terminal,
 )
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
+from connector.storage.registry_reader import RegistryReader
 from connector.storage.sqlite import SqliteStore
 
 REGISTRY_RELATIVE_PATH = Path("storage") / "deferred-operations.sqlite"
@@ -134,7 +135,7 @@ TerminalListener = Callable[["OperationRecord"], Awaitable[None] | None]
 class RegistryError(SensoriumError):
     """The registry could not do what was asked (never carries stored values)."""
 
-    default_code = "internal"
+    default_code = Code.INTERNAL
 
 
 def _plain(value: Any) -> bool:
@@ -435,7 +436,7 @@ class DeferredRegistry(SqliteStore):
         record = await self.get(operation_id)
         found = self._fixed.get(operation_id)
         if record is None or found is None:
-            raise RegistryError("no such operation", code="unknown-operation")
+            raise RegistryError("no such operation", code=Code.UNKNOWN_OPERATION)
         return found
 
     def _remember(self, fixed: _Fixed) -> None:
@@ -447,7 +448,7 @@ class DeferredRegistry(SqliteStore):
     async def _refuse(self, operation_id: str, new: Status) -> None:
         current = await self.get(operation_id)
         if current is None:
-            raise RegistryError("no such operation", code="unknown-operation")
+            raise RegistryError("no such operation", code=Code.UNKNOWN_OPERATION)
         raise IllegalTransition(Status(current.status), new)
 
     async def mark_interrupted(
@@ -536,7 +537,7 @@ class DeferredRegistry(SqliteStore):
                 await self._db.execute("ROLLBACK")
                 raise
         if not found:
-            raise RegistryError("no such operation", code="unknown-operation")
+            raise RegistryError("no such operation", code=Code.UNKNOWN_OPERATION)
         return digest
 
     async def claim_resume(self, operation_id: str) -> Mapping[str, Any] | None:
@@ -601,6 +602,15 @@ class DeferredRegistry(SqliteStore):
         """The operation `owner` started on the Bus with the caller-chosen `bus_op`."""
         found = await self._select("owner = ? AND bus_op = ?", (owner, bus_op))
         return found[0] if found else None
+
+    async def find_for(self, owner: str, op: str) -> OperationRecord | None:
+        """The row `owner` started under the Bus handle `op`, else the row whose operation id is `op`."""
+        record = await self.find_by_bus_op(owner, op)
+        return record if record is not None else await self.get(op)
+
+    def open_reader(self) -> RegistryReader | None:
+        """A read-only synchronous reader of this registry's file (None: read through this API instead)."""
+        return RegistryReader.open(self.path)
 
     async def list(self, *, status: str | None = None, limit: int = 200) -> builtins.list[OperationRecord]:
         """Operations, most recently updated first, optionally of one status."""

@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Self
 import aiosqlite
 import anyio
 
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 from connector.storage.files import make_private_dir
 
 # aiosqlite logs SQL parameters (binding addresses among them) at DEBUG: never below INFO here.
@@ -56,7 +56,7 @@ async def _configure(connection: aiosqlite.Connection, what: str, error: type[Se
     rows = await connection.execute_fetchall("PRAGMA journal_mode=WAL")
     mode = next(iter(rows), ("",))[0]
     if str(mode).lower() != "wal":
-        raise error(f"{what} refused WAL mode", code="internal")
+        raise error(f"{what} refused WAL mode", code=Code.INTERNAL)
     for pragma in PRAGMAS:
         await connection.execute(f"PRAGMA {pragma}")
 
@@ -68,7 +68,7 @@ async def _migrate(
     rows = await connection.execute_fetchall("PRAGMA user_version")
     version = int(next(iter(rows), (0,))[0] or 0)
     if version > len(migrations):
-        raise error(f"{what} is newer than this program", code="internal")
+        raise error(f"{what} is newer than this program", code=Code.INTERNAL)
     for number, script in enumerate(migrations[version:], start=version + 1):
         await connection.executescript(
             f"BEGIN IMMEDIATE;\n{script}\nPRAGMA user_version = {number};\nCOMMIT;"
@@ -222,6 +222,6 @@ class SqliteStore:
     async def pragma(self, name: str) -> Any:
         """Read one PRAGMA value (health checks and tests)."""
         if not name.isidentifier():
-            raise self.ERROR("pragma name is malformed", code="internal")
+            raise self.ERROR("pragma name is malformed", code=Code.INTERNAL)
         rows = await self._db.execute_fetchall(f"PRAGMA {name}")
         return next(iter(rows), (None,))[0]

@@ -30,7 +30,8 @@ from typing import Any, Literal
 import aiosqlite
 
 from connector.core.clock import format_time, parse_time
-from connector.errors import SensoriumError
+from connector.core.lifecycle import TERMINAL_STATUSES
+from connector.errors import Code, SensoriumError
 from connector.storage.sqlite import SqliteStore
 
 STATE_RELATIVE_PATH = Path("modules") / "sensorium-os" / "state.sqlite"
@@ -171,7 +172,7 @@ _LOCATE = (
     "UNION ALL SELECT 'command', operation_id, owner, action_id, NULL, status, NULL, NULL, NULL, 0, NULL "
     "FROM command_operations WHERE operation_id = ? LIMIT 1"
 )
-_TERMINAL_STATUSES = ("completed", "failed", "timed-out", "cancelled", "expired", "unknown")
+_TERMINAL_STATUSES = tuple(sorted(status.value for status in TERMINAL_STATUSES))
 
 
 _OPERATION_COLUMNS = (
@@ -224,7 +225,7 @@ class ConnectorState(SqliteStore):
                 await self._db.execute("COMMIT")
             except aiosqlite.IntegrityError as error:
                 await self._db.execute("ROLLBACK")
-                raise SensoriumError("binding id already exists", code="internal") from error
+                raise SensoriumError("binding id already exists", code=Code.INTERNAL) from error
             except BaseException:
                 await self._db.execute("ROLLBACK")
                 raise
@@ -287,7 +288,7 @@ class ConnectorState(SqliteStore):
         try:
             await self._write(sql, _operation_row(operation))
         except aiosqlite.IntegrityError as error:
-            raise SensoriumError("operation id already exists", code="internal") from error
+            raise SensoriumError("operation id already exists", code=Code.INTERNAL) from error
 
     async def update_operation(self, operation: CommandOperation) -> None:
         """Replace the mutable fields of an existing operation row."""
@@ -304,7 +305,7 @@ class ConnectorState(SqliteStore):
             operation.operation_id,
         )
         if await self._write(sql, params) != 1:
-            raise SensoriumError("no such operation", code="unknown-operation")
+            raise SensoriumError("no such operation", code=Code.UNKNOWN_OPERATION)
 
     async def get_operation(self, operation_id: str) -> CommandOperation | None:
         """The operation row with this id, or None."""
@@ -342,7 +343,7 @@ class ConnectorState(SqliteStore):
         try:
             await self._write(sql, _discovery_row(record))
         except aiosqlite.IntegrityError as error:
-            raise SensoriumError("operation id already exists", code="internal") from error
+            raise SensoriumError("operation id already exists", code=Code.INTERNAL) from error
 
     async def update_discovery(
         self, operation_id: str, metadata: dict[str, Any], *, final_revision: int, ended_at_ms: int | None
@@ -452,7 +453,7 @@ def interrupted_metadata(metadata: dict[str, Any], stamp: str) -> dict[str, Any]
     if changed.get("status") == "completed":
         changed["erased_at"] = changed.get("erased_at", stamp)
         return changed
-    changed.update(status="failed", error_code="interrupted-by-restart", updated_at=stamp)
+    changed.update(status="failed", error_code=Code.INTERRUPTED_BY_RESTART, updated_at=stamp)
     changed["cleanup"] = {"state": "confirmed", "claim": "released"}
     changed.pop("reason", None)
     return changed

@@ -11,7 +11,8 @@ def session_event(event: str, session: DiscoverySession) -> LifecycleEvent:
     """The durable facts of a discovery session at one lifecycle event (never its candidates)."""
     spec = session.spec
     ended = session.terminal_at_ms if event == "ended" else None
-    requested, confirmed = session.cancellation_requested_at_ms, session.cancellation_confirmed_at_ms
+    state = session.state
+    requested, confirmed = state.cancellation_requested_at_ms, state.cancellation_confirmed_at_ms
     stopped = event in ("ended", "cleanup-confirmed")
     return LifecycleEvent(
         event=event,
@@ -21,7 +22,7 @@ def session_event(event: str, session: DiscoverySession) -> LifecycleEvent:
         status=session.status.value,
         transport=spec.scope.transport,
         adapter=session.claim.key.adapter,
-        code=session.reason or session.error_code,
+        code=state.reason or state.error_code,
         cleanup=session.cleanup_state if stopped else None,
         claim=session.claim_state if stopped else None,
         duration_ms=None if ended is None else ended - spec.created_at_ms,

@@ -161,7 +161,7 @@ async def test_a_causal_context_over_4_kib_is_refused_naming_the_path(tmp_path: 
         ]
         assert CANARY not in refused.text and factory.requests == []
         with pytest.raises(SensoriumError) as by_host:
-            await h.assembled.host.admit(h.tokens["alice"], directive)
+            await h.assembled.host.admit(h.assembled.host.authenticate(h.tokens["alice"]), directive)
         assert by_host.value.code == "invalid-directive"
         context["note"] = "n" * (4096 - len('{"note":"","operation/id":"op:flow-1"}'))  # exactly 4 KiB
         assert (await h.invoke("alice", directive)).status_code == 202
@@ -174,14 +174,16 @@ async def test_live_sessions_are_capped_per_transport_across_principals_and_rout
         h.assembled.service.policy = DeferredHostPolicy(max_live_sessions=2)
         first = await h.invoke("alice", scan_directive(30))
         assert first.status_code == 202
-        hosted = await h.assembled.host.admit(h.tokens["bob"], scan_directive(30))  # the host route and Bus
+        hosted = await h.assembled.host.admit(
+            h.assembled.host.authenticate(h.tokens["bob"]), scan_directive(30)
+        )  # the host route and Bus
         assert isinstance(hosted, Accepted)
         await wait_until(lambda: factory.starts == 2)
         refused = await h.invoke("alice", scan_directive(30))
         assert_error(refused, 429, "too-many-operations")
         assert refused.headers["retry-after"] == "1"
         with pytest.raises(SensoriumError) as by_host:
-            await h.assembled.host.admit(h.tokens["bob"], scan_directive(30))
+            await h.assembled.host.admit(h.assembled.host.authenticate(h.tokens["bob"]), scan_directive(30))
         assert (by_host.value.code, by_host.value.retry_after_seconds) == ("too-many-operations", 1)
         assert factory.starts == 2 and len(factory.requests) == 2  # refused before any provider
         # The cap is per transport: another transport still has room.

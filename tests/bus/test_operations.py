@@ -311,13 +311,15 @@ async def test_outcomes_reached_while_the_bus_was_away_are_announced_within_rete
     # The command and the host's polls run in real time; retention ages by moving this clock, not by sleeps.
     clock = OffsetClock()
     async with running_connector(env, None, host_retention_seconds=4, clock=clock) as assembled:
-        old = await assembled.host.admit(env.tokens["alice"], command_directive(REDACT, input={"text": "a"}))
+        old = await assembled.host.admit(
+            assembled.host.authenticate(env.tokens["alice"]), command_directive(REDACT, input={"text": "a"})
+        )
         assert isinstance(old, Accepted)
         old_id = old.handle["operation/id"]
         await _terminal_by_id(assembled.registry, old_id)
         clock.offset += RETENTION_PASSED  # now older than the retention
         redact = command_directive(REDACT, input={"text": "b"})
-        recent = await assembled.host.admit(env.tokens["alice"], redact)
+        recent = await assembled.host.admit(assembled.host.authenticate(env.tokens["alice"]), redact)
         assert isinstance(recent, Accepted)
         recent_id = recent.handle["operation/id"]
         await _terminal_by_id(assembled.registry, recent_id)
@@ -474,7 +476,7 @@ async def test_an_unreachable_broker_delays_readiness_and_not_the_shutdown(tmp_p
             assert not assembled.readiness.ready
             # HTTP keeps working without the Bus.
             redact = command_directive(REDACT, input={"text": "a"})
-            answer = await assembled.host.admit(env.tokens["alice"], redact)
+            answer = await assembled.host.admit(assembled.host.authenticate(env.tokens["alice"]), redact)
             assert isinstance(answer, Accepted)
 
 
@@ -489,7 +491,9 @@ async def test_a_handle_equal_to_an_http_idempotency_key_is_refused(
         running_connector(env, broker.url, providers=providers) as assembled,
         client(broker.url, token) as bus,
     ):
-        http = await assembled.host.admit(token, {**ble_scan(30), "idempotency_key": "shared-1"})
+        http = await assembled.host.admit(
+            assembled.host.authenticate(token), {**ble_scan(30), "idempotency_key": "shared-1"}
+        )
         assert isinstance(http, Accepted)
         with pytest.raises(BusRefused) as refused:
             await bus.start(ble_scan(30), op="shared-1")

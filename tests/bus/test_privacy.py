@@ -73,7 +73,9 @@ async def test_no_canary_reaches_any_bus_message(tmp_path: Path, broker: NatsSer
             assert record is not None
             with anyio.fail_after(10):
                 while not labels.get(transport):
-                    answer = await assembled.service.status(token, record.operation_id)
+                    answer = await assembled.service.status(
+                        assembled.service.authenticate(token), record.operation_id
+                    )
                     labels[transport] = _labels(dict(answer.document))
                     # real peer: the replayed scan reveals its canary on the wall clock
                     await anyio.sleep(0.1)

@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from connector.bus.adapter import BusAdapter, BusSettings
-from connector.bus.reader import RegistryReader
 from connector.storage.registry import DeferredRegistry
+from connector.storage.registry_reader import RegistryReader
 from tests.bus.broker import NatsServer
 from tests.bus.support import ble_scan, client, make_env, running_connector
 from tests.bus.test_messages import NOW, OP_ID, record
@@ -83,7 +83,6 @@ async def test_fast_and_fallback_answers_are_the_same(tmp_path: Path, broker: Na
         adapter = BusAdapter(
             BusSettings(url=broker.url),
             host=assembled.host,
-            service=assembled.service,
             registry=assembled.registry,
             data_dir=env.data_dir,
         )

@@ -6,6 +6,8 @@ import itertools
 
 import pytest
 
+from connector.contract.semantic import STATUSES
+from connector.contract.semantic import TERMINAL_STATUSES as WIRE_TERMINAL
 from connector.core.lifecycle import (
     BUS_TERMINAL_STATES,
     HOST_ONLY_EVENTS,
@@ -80,6 +82,12 @@ def test_terminal_statuses() -> None:
     expected = {S.COMPLETED, S.FAILED, S.TIMED_OUT, S.CANCELLED, S.EXPIRED, S.UNKNOWN}
     assert expected == TERMINAL_STATUSES
     assert all(is_terminal(s) == (s in expected) for s in Status)
+
+
+def test_the_wire_states_the_same_statuses_and_terminal_set() -> None:
+    # contract/ sits below core/, so its literals are the one other statement; they must agree.
+    assert {s.value for s in Status} == STATUSES
+    assert {s.value for s in TERMINAL_STATUSES} == WIRE_TERMINAL
 
 
 def test_table_is_read_only() -> None:

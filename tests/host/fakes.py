@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from connector.core import authority
+from connector.core.admission import Identified
 from connector.core.authority import Grant, Principal, hash_token
 from connector.core.policy import DeferredHostPolicy
 from connector.errors import SensoriumError
@@ -96,7 +97,19 @@ class FakePort:
     def action(self, action_id: str) -> ActionInfo | None:
         return ACTIONS.get(action_id)
 
-    async def admit(self, principal: Principal, directive: Any, *, op_key: str | None) -> Accepted | Done:
+    def identify(
+        self, principal: Principal, directive: Any, *, op_key: str | None, operations_only: bool
+    ) -> Identified:
+        raise NotImplementedError  # the Bus's start only; host tests admit without it
+
+    async def admit(
+        self,
+        principal: Principal,
+        directive: Any,
+        *,
+        op_key: str | None,
+        identified: Identified | None = None,
+    ) -> Accepted | Done:
         if isinstance(self.sync_answer, SensoriumError):
             raise self.sync_answer
         if self.sync_answer is not None:

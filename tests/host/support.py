@@ -15,6 +15,7 @@ from connector.api.host_routes import host_router
 from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.contract.validate import validate
 from connector.core import authority
+from connector.core.admission import Identified
 from connector.host.port import InProcessConnector
 from connector.service.answers import Accepted, Done
 from providers.base import Provider
@@ -121,10 +122,15 @@ class EndsBeforeTheHostLooks(InProcessConnector):
     """
 
     async def admit(
-        self, principal: authority.Principal, directive: Any, *, op_key: str | None
+        self,
+        principal: authority.Principal,
+        directive: Any,
+        *,
+        op_key: str | None,
+        identified: Identified | None = None,
     ) -> Accepted | Done:
         """The connector's admission, answered after the admitted work reached its terminal status."""
-        answer = await super().admit(principal, directive, op_key=op_key)
+        answer = await super().admit(principal, directive, op_key=op_key, identified=identified)
         if isinstance(answer, Accepted):
             op_id = answer.handle["connector_operation/id"]
             kind = self.service.catalog.actions[answer.handle["action_id"]].action_class

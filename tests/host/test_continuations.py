@@ -228,7 +228,7 @@ async def test_suspending_after_the_end_settles_at_once(tmp_path: Path) -> None:
     flow = FlowConsumer()
     try:
         await host.continuations.install(flow.hook)
-        answer = await host.admit(ALICE, make_directive("whisper.redaction.prepare"))
+        answer = await host.admit(host.authenticate(ALICE), make_directive("whisper.redaction.prepare"))
         assert isinstance(answer, Accepted)
         op_id = str(answer.handle["operation/id"])
         _complete(port, op_id)
@@ -244,7 +244,7 @@ async def test_suspending_after_the_end_settles_at_once(tmp_path: Path) -> None:
 async def test_a_malformed_or_foreign_continuation_is_refused_without_values(tmp_path: Path) -> None:
     host, _port, _ = await fake_host(tmp_path)
     try:
-        answer = await host.admit(ALICE, make_directive("whisper.redaction.prepare"))
+        answer = await host.admit(host.authenticate(ALICE), make_directive("whisper.redaction.prepare"))
         assert isinstance(answer, Accepted)
         op_id = str(answer.handle["operation/id"])
         bad = continuation(op_id, resume_point={"executor_id": "CANARY-cont-1"})

@@ -38,7 +38,7 @@ async def _admit(
     action = directive_extra.pop("action_id", "device.discovery.scan")
     directive = make_directive(action, **timing) | directive_extra
     try:
-        answer = await host.admit(ALICE, directive)
+        answer = await host.admit(host.authenticate(ALICE), directive)
         assert isinstance(answer, Accepted)
         record = await host.registry.get(answer.handle["operation/id"])
     finally:
@@ -141,14 +141,14 @@ async def test_sync_answers_and_refusals_pass_through_without_a_row(tmp_path: Pa
             "diagnostics": [],
         }
         port.sync_answer = Done(result)
-        assert await host.admit(ALICE, make_directive("test.free")) == Done(result)
+        assert await host.admit(host.authenticate(ALICE), make_directive("test.free")) == Done(result)
         refusal = SensoriumError("m", code="transport-claimed", retry_after_seconds=1)
         port.sync_answer = refusal
         with pytest.raises(SensoriumError) as refused:
-            await host.admit(ALICE, make_directive())
+            await host.admit(host.authenticate(ALICE), make_directive())
         assert refused.value is refusal
         with pytest.raises(SensoriumError) as unauthenticated:
-            await host.admit("wrong", make_directive())
+            await host.admit(host.authenticate("wrong"), make_directive())
         assert unauthenticated.value.code == "unauthenticated"
         assert await host.registry.list() == []
     finally:
@@ -162,13 +162,13 @@ async def test_a_repeat_answers_the_first_handle_byte_for_byte(tmp_path: Path) -
             "connector_operation/id": "deferred:sensorium.directive.invoke:" + "A" * 26,
             "retry_after_seconds": 30,
         }
-        first = await host.admit(ALICE, make_directive(**{"correlation/id": "one"}))
+        first = await host.admit(host.authenticate(ALICE), make_directive(**{"correlation/id": "one"}))
         clock.advance(20)
         port.next_handle = {
             "connector_operation/id": "deferred:sensorium.directive.invoke:" + "A" * 26,
             "retry_after_seconds": 30,
         }
-        second = await host.admit(ALICE, make_directive(**{"correlation/id": "two"}))
+        second = await host.admit(host.authenticate(ALICE), make_directive(**{"correlation/id": "two"}))
         assert isinstance(first, Accepted) and isinstance(second, Accepted)
         assert json.dumps(first.handle) == json.dumps(second.handle)
         assert (first.status_path, first.retry_after_seconds) == (
@@ -183,7 +183,7 @@ async def test_a_repeat_answers_the_first_handle_byte_for_byte(tmp_path: Path) -
 async def test_the_row_is_committed_before_the_202_is_returned(tmp_path: Path) -> None:
     host, _, _ = await fake_host(tmp_path)
     try:
-        answer = await host.admit(ALICE, make_directive(), bus_op="bus-9")
+        answer = await host.admit(host.authenticate(ALICE), make_directive(), bus_op="bus-9")
         assert isinstance(answer, Accepted)
         op_id = answer.handle["operation/id"]
         # A separate connection (another process, after a crash) sees the committed row and its first event.
@@ -202,9 +202,11 @@ async def test_the_row_is_committed_before_the_202_is_returned(tmp_path: Path) -
 async def test_a_row_that_cannot_be_recorded_stops_the_work_and_refuses(tmp_path: Path) -> None:
     host, port, _ = await fake_host(tmp_path)
     try:
-        await host.admit(ALICE, make_directive(), bus_op="taken")
+        await host.admit(host.authenticate(ALICE), make_directive(), bus_op="taken")
         with pytest.raises(SensoriumError) as refused:
-            await host.admit(ALICE, make_directive(), bus_op="taken")  # a new id with a used bus op
+            await host.admit(
+                host.authenticate(ALICE), make_directive(), bus_op="taken"
+            )  # a new id with a used bus op
         assert refused.value.code == "internal"
         check("sensorium-error.v1", public_refusal(refused.value).to_document())
         assert len(port.stops) == 1 and port.stops[0][2] == "internal"
@@ -216,7 +218,7 @@ async def test_a_row_that_cannot_be_recorded_stops_the_work_and_refuses(tmp_path
 async def test_the_clock_passed_in_is_the_one_used(tmp_path: Path) -> None:
     host, _, _ = await fake_host(tmp_path, clock=ManualClock(T0 + timedelta(days=3)))
     try:
-        answer = await host.admit(ALICE, make_directive())
+        answer = await host.admit(host.authenticate(ALICE), make_directive())
         assert isinstance(answer, Accepted) and answer.handle["created_at"] == "2027-01-04T12:00:00.000Z"
     finally:
         await host.registry.aclose()

@@ -40,7 +40,7 @@ async def _admit(
     host: HostService, port: FakePort, action: str = "device.discovery.scan", **handle: object
 ) -> str:
     port.next_handle = dict(handle)
-    answer = await host.admit(TOKENS["alice"], make_directive(action))
+    answer = await host.admit(host.authenticate(TOKENS["alice"]), make_directive(action))
     assert isinstance(answer, Accepted)
     return str(answer.handle["operation/id"])
 

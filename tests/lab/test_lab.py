@@ -93,19 +93,24 @@ def _post_cancel(view: Any, node: str, op: str) -> str:
 
 
 def _start_on_survivor(lab: Lab, node: str, window: int) -> str:
-    """`_start` over the surviving server only, retried while the node is still reconnecting."""
+    """`_start` over the surviving server only, retried while the node is still reconnecting.
+
+    Keyed, so that a retry joins the first admission (CONTRACT §4): core NATS delivers at most once, and a
+    request or its reply in flight while the node fails over to the survivor can be lost (a timeout).
+    """
     from nats.errors import NoRespondersError
+    from nats.errors import TimeoutError as NatsTimeout
 
     survivor = lab.servers[1].url
-    deadline = time.monotonic() + 20
-    body = {"directive": scan_directive(window)}
+    deadline = time.monotonic() + 30
+    body = {"directive": scan_directive(window, key=f"survivor-{node}-{time.time_ns()}")}
     while True:
         try:
             reply = request(
                 survivor, lab.seeds["caller"], _subjects(node).ops.start, body, lab.nodes[node].caller
             )
             return str(reply["op"])
-        except NoRespondersError:
+        except (NoRespondersError, NatsTimeout):
             if time.monotonic() > deadline:
                 raise
             time.sleep(0.2)  # real peer: the node is reconnecting to the surviving server

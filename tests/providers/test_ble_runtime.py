@@ -29,7 +29,7 @@ from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter
 from connector.errors import AdmissionError
 from connector.runtime.claims import claim_key
 from connector.runtime.manager import DiscoveryManager
-from providers.base import ObservationSink, ProviderSession, settle
+from providers.base import ObservationSink, ProviderSession, finish_cleanup
 from providers.ble import BleProvider, BleSession
 from tests.providers.bluez_mock import BluezController, RecordingSink, bluez, every_advert
 from tests.support.waiting import poll
@@ -106,7 +106,7 @@ class _BegunEarly(BleProvider):
             return await asyncio.shield(self._begun)
         except asyncio.CancelledError:
             self._begun.cancel()
-            await settle(asyncio.wait({self._begun}))
+            await finish_cleanup(asyncio.wait({self._begun}))
             return self._begun.result()  # StartUnconfirmed: the discovery session may still run
 
 

@@ -1,10 +1,15 @@
-"""Driving sessions in tests: start one on a manager, poll it to the end, check the whole poll sequence."""
+"""Driving sessions in tests: start one on a manager, poll it to the end, check the whole poll sequence.
+
+With a `VirtualTimer` the session, its provider and the polls run on virtual time: a poll "every 20 ms" is
+a 20 ms advance of the timer, and nothing waits on the wall clock.
+"""
 
 from __future__ import annotations
 
+import inspect
 import json
 import secrets
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -16,6 +21,7 @@ from connector.core.ids import OPERATION_KIND, random_operation_id
 from connector.core.scope import DiscoveryProfile, DiscoveryScope
 from connector.runtime.manager import DiscoveryManager
 from connector.runtime.session import SessionHandle
+from connector.timer import VirtualTimer
 from providers.base import Provider
 from tests.runtime.support import PROFILE, ble_scope
 
@@ -27,10 +33,16 @@ def new_operation_id() -> str:
     return random_operation_id(OPERATION_KIND, secrets.token_bytes(16))
 
 
-def fast_manager(**options: Any) -> DiscoveryManager:
-    """A manager whose background cleanup retries are quick enough for tests."""
-    options.setdefault("cleanup_retry_initial_s", 0.05)
-    options.setdefault("cleanup_retry_max_s", 0.2)
+# The manager takes its timer as `clock=` until it takes a `timer=` (issue 15's manager rewrite).
+_MANAGER_TIMER = "timer" if "timer" in inspect.signature(DiscoveryManager).parameters else "clock"
+
+
+def fast_manager(timer: VirtualTimer | None = None, **options: Any) -> DiscoveryManager:
+    """A manager whose background cleanup retries are quick enough for tests; on `timer` when given."""
+    options.setdefault("cleanup_retry_initial_s", 0.05 if timer is None else 0.001)
+    options.setdefault("cleanup_retry_max_s", 0.2 if timer is None else 0.004)
+    if timer is not None:
+        options[_MANAGER_TIMER] = timer
     return DiscoveryManager(**options)
 
 
@@ -46,8 +58,9 @@ async def start(
     cut_by_deadline: bool = False,
     owner: str = "alice",
     operation_id: str | None = None,
+    timer: VirtualTimer | None = None,
 ) -> SessionHandle:
-    now = wall_clock_ms()
+    now = wall_clock_ms() if timer is None else timer.now_ms()
     spec = SessionSpec(
         operation_id=operation_id or new_operation_id(),
         owner=owner,
@@ -66,9 +79,16 @@ async def start(
 
 
 async def poll_to_end(
-    manager: DiscoveryManager, operation_id: str, *, every_s: float = 0.02, limit_s: float = 5.0
+    manager: DiscoveryManager,
+    operation_id: str,
+    *,
+    every_s: float = 0.02,
+    limit_s: float = 5.0,
+    timer: VirtualTimer | None = None,
 ) -> list[dict[str, Any]]:
     """Poll until terminal (and once more after) as a caller would, returning every status delivered."""
+    if timer is not None:
+        return await _poll_on(timer, manager, operation_id, every_ms=int(every_s * 1000))
     polls: list[dict[str, Any]] = []
     with anyio.fail_after(limit_s):
         while True:
@@ -78,6 +98,43 @@ async def poll_to_end(
             await anyio.sleep(every_s)
     polls.append(delivered_status(manager, operation_id))
     return polls
+
+
+async def _poll_on(
+    timer: VirtualTimer, manager: DiscoveryManager, operation_id: str, *, every_ms: int
+) -> list[dict[str, Any]]:
+    """`poll_to_end` on virtual time: a poll, then `every_ms` of the timer, until terminal."""
+    polls = [delivered_status(manager, operation_id)]
+    await drive_until(
+        timer,
+        lambda: polls[-1]["status"] not in ("pending", "running"),
+        every_ms=every_ms,
+        between=lambda: polls.append(delivered_status(manager, operation_id)),
+    )
+    polls.append(delivered_status(manager, operation_id))
+    return polls
+
+
+async def drive_until(
+    timer: VirtualTimer,
+    done: Callable[[], bool],
+    *,
+    every_ms: int = 20,
+    limit_ms: int = 120_000,
+    between: Callable[[], object] = lambda: None,
+) -> None:
+    """Advance `timer` `every_ms` at a time until `done()`; `between` runs after each step.
+
+    A checkpoint follows each step: the manager's background retries still sleep on the loop until the
+    manager takes the timer, and they must get their turn.
+    """
+    deadline_ms = timer.now_ms() + limit_ms
+    while not done():
+        if timer.now_ms() >= deadline_ms:
+            raise AssertionError(f"not done within {limit_ms} ms of virtual time")
+        await timer.advance(every_ms)
+        await anyio.sleep(0)
+        between()
 
 
 async def until_terminal(

@@ -1,14 +1,19 @@
-"""Helpers for the runtime tests: scopes, profile, observations, a recording sink."""
+"""Helpers for the runtime tests: scopes, profile, observations, a recording sink, virtual-time awaits."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
+from typing import TypeVar
+
+import anyio
 
 from connector.core.observations import BleObservation, Observation
 from connector.core.scope import DiscoveryProfile, DiscoveryScope, ScopeFilter
 from connector.errors import ProviderError
+from connector.timer import VirtualTimer
 from tests.support.directives import HEART_RATE
 
 OTHER_SERVICE = "0000181a-0000-1000-8000-00805f9b34fb"
@@ -62,14 +67,23 @@ def stranger(index: int, name: str = "stranger") -> BleObservation:
 
 @dataclass
 class RecordingSink:
-    """A sink that records what arrived and when (monotonic seconds since creation)."""
+    """A sink that records what arrived and when (seconds since creation, monotonic or on `timer`)."""
 
-    started: float = field(default_factory=time.monotonic)
+    timer: VirtualTimer | None = None
+    started: float = field(init=False)
     observed: list[tuple[float, Observation]] = field(default_factory=list)
     failures: list[ProviderError] = field(default_factory=list)
 
+    def __post_init__(self) -> None:
+        self.started = self._now()
+
+    def _now(self) -> float:
+        # Milliseconds on a timer (exact), seconds on the monotonic clock.
+        return time.monotonic() if self.timer is None else self.timer.now_ms()
+
     def observe(self, observation: Observation) -> None:
-        self.observed.append((time.monotonic() - self.started, observation))
+        elapsed = self._now() - self.started
+        self.observed.append((elapsed if self.timer is None else elapsed / 1000, observation))
 
     def fail(self, error: ProviderError) -> None:
         self.failures.append(error)
@@ -78,3 +92,25 @@ class RecordingSink:
 def other_tasks() -> set[asyncio.Task[object]]:
     """Tasks still alive besides the current one."""
     return {task for task in asyncio.all_tasks() if task is not asyncio.current_task() and not task.done()}
+
+
+_T = TypeVar("_T")
+
+
+async def on_virtual_time(timer: VirtualTimer, call: Callable[[], Awaitable[_T]]) -> _T:
+    """Await `call()` while `timer` jumps from due moment to due moment; its result, or its exception."""
+    ended: list[tuple[_T | None, Exception | None]] = []
+
+    async def run() -> None:
+        try:
+            ended.append((await call(), None))
+        except Exception as error:
+            ended.append((None, error))
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(run)
+        await timer.run_until(lambda: bool(ended))
+    result, error = ended[0]
+    if error is not None:
+        raise error
+    return result  # type: ignore[return-value]  # None only when `call` returned None

@@ -1,4 +1,4 @@
-"""The fault provider's own behaviour, the provider registry, and transport claims."""
+"""The fault and simulated providers' own behaviour, the provider registry, and transport claims."""
 
 from __future__ import annotations
 
@@ -7,30 +7,34 @@ import sys
 import types
 from pathlib import Path
 
+import anyio
 import pytest
 
 from connector.core.scope import DiscoveryScope
 from connector.errors import AdmissionError, ProviderRestarted, ProviderUnavailable, StopUnconfirmed
 from connector.runtime.claims import ClaimRegistry, claim_key
-from providers.base import BaseSession, ObservationSink, StopOutcome
+from connector.timer import VirtualTimer, fail_at, sleep_ms
+from providers.base import BaseSession, ObservationSink, StopOutcome, finish_cleanup
 from providers.faults import ACK, HANG, RAISE, Fault, FaultProvider, FaultSession, StopStep
 from providers.registry import build_provider
 from providers.replay import FixtureError, ReplayProvider
+from providers.simulated import SimulatedAdapter, SimulatedProvider
 from tests.runtime.sessions import fast_manager, poll_to_end, start
-from tests.runtime.support import RecordingSink, ble_scope, other_tasks, stranger, strap
+from tests.runtime.support import RecordingSink, ble_scope, on_virtual_time, other_tasks, stranger, strap
 
 # ---- fault provider --------------------------------------------------------------------------------------
 
 
 @pytest.mark.asyncio
 async def test_fault_provider_plays_filtered_and_records_calls() -> None:
-    provider = FaultProvider([(0, strap(1)), (10, stranger(2)), (20, strap(3))])
-    sink = RecordingSink()
+    timer = VirtualTimer()
+    provider = FaultProvider([(0, strap(1)), (10, stranger(2)), (20, strap(3))], timer=timer)
+    sink = RecordingSink(timer)
     session = await provider.start(ble_scope(), sink)
-    await asyncio.sleep(0.06)
+    await timer.advance(60)
     await session.stop()
     await session.stop()
-    assert [obs for _, obs in sink.observed] == [strap(1), strap(3)]
+    assert sink.observed == [(0.0, strap(1)), (0.02, strap(3))]
     assert provider.calls == ["start", "stop", "stop-ack", "stop"]
     assert (provider.start_calls, provider.stop_calls, provider.acknowledged_stops) == (1, 2, 1)
 
@@ -41,10 +45,11 @@ async def test_fault_provider_start_failure_and_mid_session_failure() -> None:
     with pytest.raises(ProviderUnavailable):
         await refusing.start(ble_scope(), RecordingSink())
     assert refusing.calls == ["start"]
-    failing = FaultProvider([(0, strap(1)), (100, strap(2))], fault=Fault(fail_at_ms=30))
-    sink = RecordingSink()
+    timer = VirtualTimer()
+    failing = FaultProvider([(0, strap(1)), (100, strap(2))], fault=Fault(fail_at_ms=30), timer=timer)
+    sink = RecordingSink(timer)
     session = await failing.start(ble_scope(), sink)
-    await asyncio.sleep(0.15)
+    await timer.advance(150)
     assert [obs for _, obs in sink.observed] == [strap(1)]
     assert len(sink.failures) == 1 and isinstance(sink.failures[0], ProviderRestarted)
     await session.stop()
@@ -52,26 +57,34 @@ async def test_fault_provider_start_failure_and_mid_session_failure() -> None:
 
 @pytest.mark.asyncio
 async def test_fault_provider_stop_plan_raise_hang_then_late_ack() -> None:
-    provider = FaultProvider(fault=Fault(stop_plan=(RAISE, HANG, StopStep("ack", delay_ms=30))))
+    timer = VirtualTimer()
+    provider = FaultProvider(fault=Fault(stop_plan=(RAISE, HANG, StopStep("ack", delay_ms=30))), timer=timer)
     session = await provider.start(ble_scope(), RecordingSink())
     with pytest.raises(StopUnconfirmed):
         await session.stop()
-    with pytest.raises(TimeoutError):
-        async with asyncio.timeout(0.05):
+
+    async def give_up_after_50_ms() -> None:
+        with fail_at(timer, timer.now_ms() + 50):
             await session.stop()
-    started = asyncio.get_running_loop().time()
-    await session.stop()
-    assert asyncio.get_running_loop().time() - started >= 0.029
+
+    hung_at = timer.now_ms()
+    with pytest.raises(TimeoutError):
+        await on_virtual_time(timer, give_up_after_50_ms)
+    assert timer.now_ms() - hung_at == 50, "the hanging stop was cut by the caller, not by its own bound"
+    started = timer.now_ms()
+    assert await on_virtual_time(timer, session.stop) is StopOutcome.ACKNOWLEDGED
+    assert timer.now_ms() - started == 30
     assert provider.acknowledged_stops == 1 and provider.stop_calls == 3
     assert other_tasks() == set()
 
 
 @pytest.mark.asyncio
 async def test_fault_provider_flood_skips_the_provider_filter() -> None:
-    provider = FaultProvider(fault=Fault(flood=stranger, flood_count=600, stop_plan=(ACK,)))
+    timer = VirtualTimer()
+    provider = FaultProvider(fault=Fault(flood=stranger, flood_count=600, stop_plan=(ACK,)), timer=timer)
     sink = RecordingSink()
     session = await provider.start(ble_scope(), sink)
-    await asyncio.sleep(0.05)
+    await timer.advance(50)
     await session.stop()
     assert len(sink.observed) == 600
 
@@ -184,11 +197,95 @@ async def test_a_stop_attempt_that_raised_counts_as_a_refusal_and_a_new_one_star
     assert session.attempts == 2
 
 
+class _SlowToAnswer(BaseSession):
+    """A backend whose stop attempt answers only after 300 ms (past the 200 ms cleanup bound)."""
+
+    def __init__(self, timer: VirtualTimer, *, rejoin: bool) -> None:
+        super().__init__(ble_scope(), RecordingSink(), timer)
+        self.rejoin_stalled_attempt = rejoin
+        self.attempts: list[int] = []
+
+    async def _stop_backend(self) -> str | None:
+        self.attempts.append(self._timer.now_ms())
+        await sleep_ms(self._timer, 300)
+        return None
+
+
+@pytest.mark.asyncio
+async def test_a_stop_after_a_stalled_attempt_joins_it_when_the_backend_may_still_answer() -> None:
+    timer = VirtualTimer(start_ms=0)
+    session = _SlowToAnswer(timer, rejoin=True)
+    with pytest.raises(StopUnconfirmed) as unconfirmed:
+        await on_virtual_time(timer, session.stop)
+    assert timer.now_ms() == 200, "cut at the cleanup bound (no proof to wait for)"
+    assert list(unconfirmed.value.diagnostics) == [{"code": "provider-stop", "message": "stop-timeout"}]
+    assert await on_virtual_time(timer, session.stop) is StopOutcome.ACKNOWLEDGED
+    assert timer.now_ms() == 300 and session.attempts == [0], "the first attempt's answer confirmed it"
+
+
+@pytest.mark.asyncio
+async def test_a_stop_after_a_stalled_attempt_starts_afresh_when_told_not_to_join() -> None:
+    timer = VirtualTimer(start_ms=0)
+    session = _SlowToAnswer(timer, rejoin=False)
+    with pytest.raises(StopUnconfirmed):
+        await on_virtual_time(timer, session.stop)
+    with pytest.raises(StopUnconfirmed):
+        await on_virtual_time(timer, session.stop)
+    assert session.attempts == [0, 200] and timer.now_ms() == 400
+    assert len(other_tasks()) == 1, "the dropped attempt was cancelled; only the second still runs"
+    await timer.advance(100)  # the second attempt answers at 500, with nobody waiting for it
+    assert other_tasks() == set()
+
+
+@pytest.mark.asyncio
+async def test_finish_cleanup_runs_to_its_end_through_a_cancel_and_raises_that_cancel_after() -> None:
+    timer = VirtualTimer(start_ms=0)
+    ended: list[str] = []
+
+    async def cleanup() -> str:
+        await sleep_ms(timer, 100)
+        ended.append(f"cleanup at {timer.now_ms()}")
+        return "closed"
+
+    async def caller() -> None:
+        try:
+            await finish_cleanup(cleanup())
+        finally:
+            ended.append(f"caller left at {timer.now_ms()}")
+
+    # A native cancel (asyncio.timeout, Task.cancel) reaches the caller at 10 ms.
+    task = asyncio.ensure_future(caller())
+    await timer.advance(10)
+    task.cancel()
+    await timer.advance(200)
+    assert task.cancelled(), "the cancel was raised, not swallowed"
+    assert ended == ["cleanup at 100", "caller left at 100"]
+    # anyio's cancellation: the scope is cut at 10 ms; the cleanup still ends, and the cut takes effect at
+    # the caller's next checkpoint (anyio's cancellation stays pending until then: it is not swallowed).
+    ended.clear()
+    cuts: list[anyio.CancelScope] = []
+
+    async def cut_caller() -> None:
+        with anyio.CancelScope() as cut:
+            cuts.append(cut)
+            await caller()
+            await anyio.lowlevel.checkpoint()
+            ended.append("not cut")
+
+    async with anyio.create_task_group() as task_group:
+        task_group.start_soon(cut_caller)
+        await timer.advance(10)
+        cuts[0].cancel()
+        await timer.advance(200)
+    assert ended == ["cleanup at 310", "caller left at 310"] and cuts[0].cancelled_caught
+    assert await on_virtual_time(timer, lambda: finish_cleanup(cleanup())) == "closed"
+
+
 class _ResolvingProvider(FaultProvider):
     """A provider whose default adapter changes between lookups (as a hot-plugged one can)."""
 
-    def __init__(self) -> None:
-        super().__init__(fault=Fault(stop_plan=(ACK,)))
+    def __init__(self, timer: VirtualTimer) -> None:
+        super().__init__(fault=Fault(stop_plan=(ACK,)), timer=timer)
         self.defaults = iter(["hci1", "hci0"])
         self.started_on: list[str | None] = []
 
@@ -202,11 +299,33 @@ class _ResolvingProvider(FaultProvider):
 
 @pytest.mark.asyncio
 async def test_the_session_starts_on_the_adapter_its_claim_is_keyed_by() -> None:
-    provider = _ResolvingProvider()
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, window_ms=50)
+    timer = VirtualTimer()
+    provider = _ResolvingProvider(timer)
+    async with fast_manager(timer) as manager:
+        handle = await start(manager, provider, window_ms=50, timer=timer)
         assert manager.claims.holder(claim_key("ble", "hci1")) == handle.operation_id
-        polls = await poll_to_end(manager, handle.operation_id)
+        polls = await poll_to_end(manager, handle.operation_id, timer=timer)
     assert provider.started_on == ["hci1"]
     assert polls[-1]["status"] == "completed"
     assert handle.scope.adapter is None  # the session's metadata keeps the scope as it was asked
+
+
+# ---- simulated provider ----------------------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_a_simulated_adapter_repeats_each_device_at_its_interval_on_the_timer() -> None:
+    timer = VirtualTimer()
+    adapter = SimulatedAdapter("ble", lambda: "sim-1", timer)
+    adapter.put(strap(1), interval_ms=1_000)
+    sink = RecordingSink(timer)
+    session = await SimulatedProvider(adapter).start(ble_scope(), sink)
+    await timer.advance(3_500)
+    assert sink.observed == [(0.0, strap(1)), (1.0, strap(1)), (2.0, strap(1)), (3.0, strap(1))]
+    adapter.put(strap(1, rssi=-70), interval_ms=1_000)  # an update is seen at once, then at the interval
+    await timer.advance(1_000)
+    assert sink.observed[4:] == [(3.5, strap(1, rssi=-70)), (4.5, strap(1, rssi=-70))]
+    assert await session.stop() is StopOutcome.ACKNOWLEDGED
+    assert adapter.session_count == 0
+    await timer.advance(5_000)
+    assert len(sink.observed) == 6

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 from connector.core.observations import BleObservation, MdnsObservation, UsbObservation
 from connector.core.scope import ScopeFilter, matches_scope
 from connector.errors import ProviderUnavailable
+from connector.timer import VirtualTimer
 from providers.replay import FixtureError, ReplayProvider, load_fixture, parse_fixture
 from tests.runtime.support import RecordingSink, ble_scope, other_tasks
 from tests.support.directives import HEART_RATE
@@ -217,17 +217,13 @@ async def test_replay_plays_the_fixture_timing(write_fixture: Callable[..., Path
     path = write_fixture(
         lines(*(advert(t, i, service_uuids=[HEART_RATE]) for i, t in enumerate([0, 200, 400, 1000])))
     )
-    provider = ReplayProvider(path, speed=4.0)
-    sink = RecordingSink()
+    timer = VirtualTimer()
+    provider = ReplayProvider(path, speed=4.0, timer=timer)
+    sink = RecordingSink(timer)
     session = await provider.start(ble_scope(), sink)
-    await asyncio.sleep(0.45)
+    await timer.advance(450)
     await session.stop()
-    arrivals = [round(at, 3) for at, _ in sink.observed]
-    expected = [0.0, 0.05, 0.1, 0.25]
-    assert len(arrivals) == 4
-    for got, want in zip(arrivals, expected, strict=True):
-        assert want - 0.005 <= got <= want + 0.15
-    assert arrivals == sorted(arrivals)
+    assert [at for at, _ in sink.observed] == [0.0, 0.05, 0.1, 0.25]
 
 
 @pytest.mark.asyncio
@@ -238,14 +234,14 @@ async def test_replay_filters_through_the_scope_and_stays_quiet_after_the_last_l
     fixture = load_fixture(path)
     scope = ble_scope()
     expected = [obs for _, obs in fixture.timeline if matches_scope(scope, obs)]
-    provider = ReplayProvider(path, speed=100.0)
+    timer = VirtualTimer()
+    provider = ReplayProvider(path, speed=100.0, timer=timer)
     sink = RecordingSink()
     session = await provider.start(scope, sink)
-    async with asyncio.timeout(3):
-        while not session.finished:
-            await asyncio.sleep(0.02)
+    await timer.run_until(lambda: session.finished, limit_ms=3_000)
     # Finished means the player ended after the last line: no loop, and nothing more arrives.
-    await asyncio.sleep(0.1)
+    assert timer.next_due_ms() is None
+    await timer.advance(10_000)
     assert [obs for _, obs in sink.observed] == expected
     assert 0 < len(expected) < len(fixture.timeline)
     assert sink.failures == []
@@ -256,13 +252,14 @@ async def test_replay_filters_through_the_scope_and_stays_quiet_after_the_last_l
 
 @pytest.mark.asyncio
 async def test_each_session_plays_from_the_first_line(fixtures_dir: Path) -> None:
-    provider = ReplayProvider(fixtures_dir / "usb-serial-clone-reset.jsonl", speed=50.0)
+    timer = VirtualTimer()
+    provider = ReplayProvider(fixtures_dir / "usb-serial-clone-reset.jsonl", speed=50.0, timer=timer)
     scope = ble_scope(transport="usb-serial", filters=ScopeFilter(vid_pid=((0x1A86, 0x7523),)))
-    first, second = RecordingSink(), RecordingSink()
+    first, second = RecordingSink(timer), RecordingSink(timer)
     one = await provider.start(scope, first)
-    await asyncio.sleep(0.1)
+    await timer.advance(100)
     two = await provider.start(scope, second)
-    await asyncio.sleep(0.3)
+    await timer.advance(300)
     await one.stop()
     await two.stop()
     assert provider.capabilities.concurrent_sessions
@@ -272,14 +269,15 @@ async def test_each_session_plays_from_the_first_line(fixtures_dir: Path) -> Non
 
 @pytest.mark.asyncio
 async def test_stop_cancels_the_player_and_is_idempotent(fixtures_dir: Path) -> None:
-    provider = ReplayProvider(fixtures_dir / "ble-office-crowd.jsonl", speed=1.0)
+    timer = VirtualTimer()
+    provider = ReplayProvider(fixtures_dir / "ble-office-crowd.jsonl", speed=1.0, timer=timer)
     sink = RecordingSink()
     scope = ble_scope(filters=ScopeFilter(manufacturer_ids=(0x004C,)))
     session = await provider.start(scope, sink)
-    await asyncio.sleep(0.2)
+    await timer.advance(200)
     await session.stop()
     seen = len(sink.observed)
-    await asyncio.sleep(0.2)
+    await timer.advance(30_000)
     assert len(sink.observed) == seen
     assert session.finished
     await session.stop()

@@ -33,7 +33,7 @@ from connector.core.scope.model import (
     filter_keys,
 )
 from connector.core.transports import TRANSPORT_FACTS
-from connector.errors import AdmissionError
+from connector.errors import AdmissionError, Code
 
 _UUID128 = re.compile(r"[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}")
 _UUID_SHORT = re.compile(r"[0-9a-fA-F]{4}|[0-9a-fA-F]{8}")
@@ -68,8 +68,8 @@ class Problems:
 
 def invalid_input(messages: Sequence[str]) -> AdmissionError:
     """The 422 `invalid-input` refusal carrying `path: rule` diagnostics."""
-    diagnostics = [{"code": "invalid-input", "message": message} for message in messages]
-    return AdmissionError("discovery input is invalid", code="invalid-input", diagnostics=diagnostics)
+    diagnostics = [{"code": Code.INVALID_INPUT, "message": message} for message in messages]
+    return AdmissionError("discovery input is invalid", code=Code.INVALID_INPUT, diagnostics=diagnostics)
 
 
 def _is_int(value: object) -> bool:

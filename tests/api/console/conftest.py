@@ -76,13 +76,15 @@ class Console:
     async def start_scan(self, window_seconds: int = 60) -> str:
         """A caller starts a BLE scan through the host (as `POST /v1/host/directives` would)."""
         directive = scan_directive(window_seconds)
-        answer = await self.host.admit(self.tokens.caller, directive)
+        answer = await self.host.admit(self.host.authenticate(self.tokens.caller), directive)
         assert isinstance(answer, Accepted)
         return str(answer.handle["operation/id"])
 
     async def caller_status(self, op_id: str, **kwargs: Any) -> dict[str, Any]:
         """The owning caller's live status through the host."""
-        return dict((await self.host.status(self.tokens.caller, op_id, **kwargs)).document)
+        return dict(
+            (await self.host.status(self.host.authenticate(self.tokens.caller), op_id, **kwargs)).document
+        )
 
     async def sign_in(self, token: str | None = None) -> httpx.Response:
         """Fetch the form, then post the token with its nonce; returns the POST's response."""

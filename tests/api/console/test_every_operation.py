@@ -134,7 +134,7 @@ async def test_the_adapters_page_shows_free_in_use_and_held_claims(tmp_path: Pat
 
         await _until(in_use)
         ble.gate.mode = "refuse"
-        await assembled.service.cancel(tokens.caller, op_id)
+        await assembled.service.cancel(assembled.service.authenticate(tokens.caller), op_id)
 
         async def held() -> bool:
             return "held by 1 uncertain cleanup(s)" in (await client.get("/admin/adapters")).text

@@ -71,21 +71,21 @@ class ScriptedViews:
     calls: list[tuple[str, str | None]] = field(default_factory=list)
 
     async def operator_list(
-        self, token: str | None, status: str | None = None, *, after: str | None = None, limit: int = 50
+        self, operator: Principal, status: str | None = None, *, after: str | None = None, limit: int = 50
     ) -> Done:
         self.calls.append(("list", status))
         return Done({"operations": [self.record, "not-a-record", 7]})
 
-    async def operator_detail(self, token: str | None, op_id: str) -> Done:
+    async def operator_detail(self, operator: Principal, op_id: str) -> Done:
         self.calls.append(("detail", op_id))
         history = [{"seq": 1, "at": "2026-11-30T09:00:00Z", "status": "running", "digest": "ab" * 32}]
         return Done({"operation": self.record, "history": history, "receipt": {"x": CANARY}})
 
-    async def operator_poll(self, token: str | None, op_id: str) -> Done:
+    async def operator_poll(self, operator: Principal, op_id: str) -> Done:
         self.calls.append(("poll", op_id))
-        return await self.operator_detail(token, op_id)
+        return await self.operator_detail(operator, op_id)
 
-    async def operator_cancel(self, token: str | None, op_id: str) -> Done:
+    async def operator_cancel(self, operator: Principal, op_id: str) -> Done:
         self.calls.append(("cancel", op_id))
         raise SensoriumError("not cancelable " + CANARY, code="not-cancelable")
 

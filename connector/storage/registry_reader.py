@@ -1,4 +1,4 @@
-"""A read-only, synchronous view of the host registry for the Bus's hot path (`op.get`).
+"""A read-only, synchronous view of the host registry for hot point reads (the Bus's `op.get`).
 
 Why: `op.get` is a point read by an index. Through aiosqlite every read hops to a worker thread and back,
 which costs several times the read itself; in WAL mode a second, read-only connection reads a consistent
@@ -7,7 +7,7 @@ snapshot while the host writes, and blocks the event loop only for the read (ten
 Rules of this file:
 - read-only (`mode=ro`), never a write, never a column the Bus does not need (no continuation, no handle);
 - it knows the registry's schema version 1 only: any other version makes `open` answer None, and the
-  adapter reads through the registry's own async API instead;
+  caller reads through the registry's own async API instead;
 - a failing read answers None to the caller's fallback the same way; it never raises a stored value.
 """
 
@@ -32,8 +32,8 @@ _COLUMNS = (
 
 
 @dataclass(frozen=True, slots=True)
-class BusRecord:
-    """The columns of one registry row that the Bus reads (a `messages.DurableRecord`)."""
+class ReadRecord:
+    """The columns of one registry row a point read answers (a Bus `messages.DurableRecord`)."""
 
     operation_id: str
     operation_kind: str
@@ -57,8 +57,8 @@ def _time(value: int) -> datetime:
     return _EPOCH + timedelta(milliseconds=value)
 
 
-def _record(row: tuple[Any, ...]) -> BusRecord:
-    return BusRecord(
+def _record(row: tuple[Any, ...]) -> ReadRecord:
+    return ReadRecord(
         operation_id=row[0],
         operation_kind=row[1],
         capability_id=row[2],
@@ -112,14 +112,14 @@ class RegistryReader:
             ).fetchone()
         return None if row is None else (str(row[0]), int(row[1]))
 
-    def fetch(self, operation_id: str) -> BusRecord | None:
+    def fetch(self, operation_id: str) -> ReadRecord | None:
         """One row by operation id (raises `sqlite3.Error` when the read fails)."""
         row = self._db.execute(
             f"SELECT {_COLUMNS} FROM operations WHERE operation_id = ?", (operation_id,)
         ).fetchone()
         return None if row is None else _record(tuple(row))
 
-    def find(self, owner: str, op: str) -> BusRecord | None:
+    def find(self, owner: str, op: str) -> ReadRecord | None:
         """The row `owner` started under the Bus handle `op`, else the row whose operation id is `op`.
 
         Raises `sqlite3.Error` when the read fails (the caller falls back to the async registry API).
