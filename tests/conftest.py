@@ -18,13 +18,33 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Skip hardware tests unless `--hw` or SENSORIUM_HW=1."""
+    """Mark the tests on real peers and processes `realtime`; skip hardware tests unless asked for."""
+    for item in items:
+        _mark_realtime(item)
     if config.getoption("--hw") or os.environ.get("SENSORIUM_HW") == "1":
         return
     skip = pytest.mark.skip(reason="needs a real adapter: pass --hw or set SENSORIUM_HW=1")
     for item in items:
         if "hw" in item.keywords:
             item.add_marker(skip)
+
+
+# A test that uses one of these fixtures waits on a real peer (a nats-server, the emulated BlueZ on its
+# dbus-daemon, avahi in a network namespace, a lab of processes) in real time.
+_REAL_PEER_FIXTURES = frozenset(
+    {"broker", "bluez", "lab", "shared_lo_lab", "fresh_lo_lab", "veth_lab", "ipv6_lab"}
+)
+# Markers that already say a test drives real processes.
+_REAL_PROCESS_MARKERS = ("serve", "lab", "browser", "terminal", "hw")
+
+
+def _mark_realtime(item: pytest.Item) -> None:
+    """`realtime` for a test on a real peer or process, when its module did not say so itself."""
+    if item.get_closest_marker("realtime") is not None:
+        return
+    uses_peer = not _REAL_PEER_FIXTURES.isdisjoint(getattr(item, "fixturenames", ()))
+    if uses_peer or any(item.get_closest_marker(name) for name in _REAL_PROCESS_MARKERS):
+        item.add_marker(pytest.mark.realtime)
 
 
 @pytest.fixture

@@ -125,6 +125,7 @@ def test_duplicates_unavailable_without_command(
     assert arch.duplicates_pairs(tree).startswith("unavailable")
 
 
+@pytest.mark.realtime  # runs the duplicates tool
 @pytest.mark.skipif(shutil.which("duplicates") is None, reason="the duplicates command is not on PATH")
 def test_duplicates_counted_on_a_copy(arch: ModuleType, tree: Path) -> None:
     body = "".join(f"    v{i} = {i} * x\n" for i in range(8))

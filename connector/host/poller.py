@@ -1,8 +1,9 @@
 """The host's poller: wakes when an operation is due (or a new one was admitted) and polls it.
 
-`async with Poller(host)` runs the loop in its own task group; `tick(now)` is one pass and is what tests
-drive with a fake clock. Every cadence decision (clamped and jittered retry, expiry, max attempts, unknown
-as terminal) is `HostService.poll`'s; this file only decides when to look.
+`async with Poller(host)` runs the loop in its own task group and waits on its `Timer` (the wall one unless
+given another); `tick(now)` is one pass and is what tests drive with a fake clock. Every cadence decision
+(clamped and jittered retry, expiry, max attempts, unknown as terminal) is `HostService.poll`'s; this file
+only decides when to look.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ import anyio
 from anyio.abc import TaskGroup
 
 from connector.host.service import HostService
+from connector.timer import WALL_TIMER, Timer, scope_after
 
 _log = logging.getLogger("sensorium.host")
 
@@ -32,8 +34,10 @@ class Poller:
         min_sleep_seconds: float = 0.05,
         max_sleep_seconds: float = 1.0,
         purge_every: timedelta = timedelta(hours=1),
+        timer: Timer = WALL_TIMER,
     ) -> None:
         self.host = host
+        self._timer = timer
         self.batch = batch
         self._min_sleep = min_sleep_seconds
         self._max_sleep = max_sleep_seconds
@@ -91,7 +95,7 @@ class Poller:
         if due is not None:
             delay = (due - self.host.clock()).total_seconds()
         self._wake = anyio.Event()
-        with anyio.move_on_after(min(max(delay, self._min_sleep), self._max_sleep)):
+        with scope_after(self._timer, min(max(delay, self._min_sleep), self._max_sleep) * 1000):
             await self._wake.wait()
 
 

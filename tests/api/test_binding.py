@@ -210,6 +210,7 @@ async def test_a_keyed_retry_after_a_restart_answers_the_same_binding(tmp_path: 
         assert ref.encode() not in stored and other_ref.encode() not in stored
 
 
+@pytest.mark.realtime  # a command subprocess
 @pytest.mark.asyncio
 async def test_command_operations_have_nothing_to_bind_or_select(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory()) as h:
@@ -226,6 +227,8 @@ def _bind_over_http(client: httpx.Client, location: str, ref: str) -> httpx.Resp
     return client.post(location + "/bindings", json={"candidate/ref": ref, "idempotency_key": "bind-k9"})
 
 
+@pytest.mark.serve
+@pytest.mark.realtime  # serve processes and kill -9
 @pytest.mark.timeout(120)
 def test_a_keyed_bind_retry_after_a_kill_9_answers_the_same_binding(tmp_path: Path) -> None:
     data = tmp_path / "data"

@@ -19,6 +19,7 @@ def _parse(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
+@pytest.mark.realtime  # a command subprocess
 @pytest.mark.asyncio
 async def test_scans_and_commands_are_stamped_by_the_injected_clock(tmp_path: Path) -> None:
     clock = OffsetClock(offset=-BEHIND)

@@ -22,11 +22,13 @@ from tests.api.support import (
 )
 from tests.support.directives import command_directive, scan_directive
 
+pytestmark = pytest.mark.realtime  # every test runs command subprocesses
+
 
 async def _pid_from(marker: Path) -> int:
     with anyio.fail_after(15):
         while not marker.exists():
-            await anyio.sleep(0.02)
+            await anyio.sleep(0.02)  # real peer: the command subprocess writes its pid
     return int(marker.read_text())
 
 

@@ -171,7 +171,7 @@ async def test_ended_sessions_keep_no_task_each(tmp_path: Path) -> None:
         accepted = [await h.invoke(who, scan_directive(1)) for who in owners]
         for who, response in zip(owners, accepted, strict=True):
             await h.poll(who, response.headers["location"])
-        await anyio.sleep(0.1)
+        await anyio.sleep(0.1)  # wall clock: lets the ended sessions' tasks finish
         assert len(list(h.assembled.discovery.operation_ids())) == 12  # results retained (600 s)
         assert len(asyncio.all_tasks()) <= baseline + 1
         assert h.assembled.discovery.active_count() == 0

@@ -184,6 +184,7 @@ def test_an_allowed_host_is_a_bare_name(name: str) -> None:
         allowed_host_names([name])
 
 
+@pytest.mark.realtime  # a real uvicorn server on a socket: the deadlines are its own
 @pytest.mark.asyncio
 async def test_a_slowloris_client_is_cut_at_the_header_deadline() -> None:
     """One byte a second: each byte arrives well within a second, yet the headers' deadline holds."""
@@ -217,6 +218,7 @@ async def test_a_slowloris_client_is_cut_at_the_header_deadline() -> None:
         assert served.app.received == []  # the app never saw the request
 
 
+@pytest.mark.realtime  # a real uvicorn server on a socket: the deadlines are its own
 @pytest.mark.asyncio
 async def test_headers_then_no_body_is_answered_408_and_the_app_sees_a_disconnect() -> None:
     async with running(SHORT) as served, connection(served) as (reader, writer):
@@ -231,6 +233,7 @@ async def test_headers_then_no_body_is_answered_408_and_the_app_sees_a_disconnec
         await served.wait_open_connections(0)
 
 
+@pytest.mark.realtime  # a real uvicorn server on a socket: the deadlines are its own
 @pytest.mark.asyncio
 async def test_a_body_in_time_is_answered_and_the_connection_kept() -> None:
     async with running(SHORT) as served, connection(served) as (reader, writer):
@@ -244,6 +247,7 @@ async def test_a_body_in_time_is_answered_and_the_connection_kept() -> None:
         assert len(served.server.server_state.connections) == 1
 
 
+@pytest.mark.realtime  # a real uvicorn server on a socket: the deadlines are its own
 @pytest.mark.asyncio
 async def test_on_a_kept_alive_connection_the_headers_are_due_from_the_previous_response() -> None:
     async with running(SHORT) as served, connection(served) as (reader, writer):
@@ -262,6 +266,7 @@ async def test_on_a_kept_alive_connection_the_headers_are_due_from_the_previous_
         assert_refusal(raw, 408, "request-timeout")
 
 
+@pytest.mark.realtime  # a real uvicorn server on a socket: the deadlines are its own
 @pytest.mark.asyncio
 async def test_an_idle_connection_is_closed_at_the_header_deadline_without_an_answer() -> None:
     async with running(SHORT) as served, connection(served) as (reader, _):
@@ -271,6 +276,7 @@ async def test_an_idle_connection_is_closed_at_the_header_deadline_without_an_an
         await served.wait_open_connections(0)
 
 
+@pytest.mark.realtime  # a real uvicorn server on a socket: the deadlines are its own
 @pytest.mark.asyncio
 async def test_beyond_the_cap_a_connection_is_answered_503_at_once_and_the_admitted_are_served() -> None:
     edge = HttpEdge(max_connections=4, header_seconds=30, keep_alive_seconds=30)
@@ -291,6 +297,7 @@ async def test_beyond_the_cap_a_connection_is_answered_503_at_once_and_the_admit
             assert status == 200
 
 
+@pytest.mark.realtime  # a real uvicorn server on a socket: the deadlines are its own
 @pytest.mark.asyncio
 async def test_the_open_connections_gauge_is_the_count_the_cap_compares_with() -> None:
     edge = HttpEdge(max_connections=2, header_seconds=30, keep_alive_seconds=30)
@@ -317,6 +324,7 @@ async def test_the_open_connections_gauge_is_the_count_the_cap_compares_with() -
         assert served.open_gauge() == 0
 
 
+@pytest.mark.realtime  # a real uvicorn server on a socket: the deadlines are its own
 @pytest.mark.asyncio
 async def test_a_foreign_host_is_answered_421_before_the_app() -> None:
     edge = HttpEdge(allowed_hosts=frozenset({"bench.lan"}))

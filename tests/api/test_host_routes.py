@@ -87,10 +87,12 @@ async def test_only_the_owner_with_a_current_grant_sees_the_operation(tmp_path: 
         assert record is not None and record.status != "unknown"  # a lost grant is not a lost operation
         with anyio.fail_after(10):  # host-owned cleanup ends the scan; the poller records it as such
             while (record := await assembled.host.poll(record)).status == "running":
+                # wall clock: the runtime ends the revoked scan in its own tasks
                 await anyio.sleep(0.05)
         assert record.status == "failed" and record.metadata["error_code"] == "grant-revoked"
 
 
+@pytest.mark.realtime  # command subprocesses
 async def test_an_operation_the_connector_forgot_becomes_unknown(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path)
     async with host_app(tmp_path, host_poller=False) as (assembled, client):
@@ -134,6 +136,7 @@ async def test_a_discovery_status_over_the_size_limit_ends_failed(tmp_path: Path
         assert connector["cleanup"]["state"] == "confirmed"
 
 
+@pytest.mark.realtime  # command subprocesses
 async def test_a_command_status_over_the_size_limit_ends_failed(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path, ("test.flood",))
     catalog, _ = signed_catalog(tmp_path / "catalog", tmp_path / "marker")
@@ -177,6 +180,7 @@ async def test_cancel_is_bridged_for_a_scan_through_requested_to_cancelled(tmp_p
         assert record is not None and record.status == "cancelled"
 
 
+@pytest.mark.realtime  # command subprocesses
 async def test_cancel_of_commands_is_bridged_only_where_a_cancel_href_exists(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path, ("test.slow", "test.stubborn"))
     catalog, _ = signed_catalog(tmp_path / "catalog", tmp_path / "marker")
@@ -197,7 +201,7 @@ async def test_cancel_of_commands_is_bridged_only_where_a_cancel_href_exists(tmp
         )
         with anyio.fail_after(10):
             while (await status_of(assembled.commands, slow.json()["operation/id"]))["status"] != "running":
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # real peer: the command subprocess starts
         cancelled = await client.post(slow.json()["cancel_href"], headers=bearer(tokens.alice))
         assert cancelled.status_code == 200
         check("deferred-operation-status.v1", cancelled.json())
@@ -230,7 +234,7 @@ async def test_an_idempotent_repeat_through_the_host_joins_the_same_work(tmp_pat
     async with host_app(tmp_path, host_poller=False) as (assembled, client):
         directive = scan_directive(5, key="key-1")
         first = await client.post("/v1/host/directives", json=directive, headers=bearer(tokens.alice))
-        await anyio.sleep(0.05)
+        await anyio.sleep(0.05)  # wall clock: lets the first admission reach the runtime first
         second = await client.post(
             "/v1/host/directives", json={**directive, "correlation/id": "other"}, headers=bearer(tokens.alice)
         )

@@ -125,6 +125,7 @@ async def test_concurrent_admissions_respect_the_per_principal_limit(tmp_path: P
         assert h.assembled.discovery.active_count() == 3
 
 
+@pytest.mark.realtime  # a command subprocess
 @pytest.mark.asyncio
 async def test_command_repeats_answer_the_stored_operation(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory()) as h:
@@ -143,6 +144,7 @@ async def test_command_repeats_answer_the_stored_operation(tmp_path: Path) -> No
         assert len(h.submits) == 2 and len(h.command_rows()) == 2
 
 
+@pytest.mark.realtime  # a command subprocess
 @pytest.mark.asyncio
 async def test_concurrent_repeats_of_a_command_key_run_it_once(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory()) as h:

@@ -79,13 +79,14 @@ async def test_a_terminal_status_ends_the_wait(tmp_path: Path) -> None:
         running = (await h.invoke("alice", scan_directive(20))).headers["location"]
         await h.poll("alice", running, lambda d: _revision(d) >= 1)
         waiter = asyncio.ensure_future(h.get("alice", running, wait_seconds=25, after_revision=1))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # wall clock: the waiter parks in the runtime's long poll
         assert not waiter.done()
         await h.post("alice", running + "/cancel")
         settled = (await asyncio.wait_for(waiter, 10.0)).json()
         assert settled["status"] in ("running", "cancelled") and "progress" not in settled
 
 
+@pytest.mark.realtime  # a command subprocess
 @pytest.mark.asyncio
 async def test_commands_long_poll_until_terminal(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=RecordingFactory()) as h:
@@ -122,7 +123,7 @@ async def test_a_revocation_during_the_wait_answers_unknown(tmp_path: Path) -> N
         location = (await h.invoke("alice", scan_directive(20))).headers["location"]
         await h.poll("alice", location, lambda d: _revision(d) >= 1)
         waiter = asyncio.ensure_future(h.get("alice", location, wait_seconds=25, after_revision=1))
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # wall clock: the waiter parks in the runtime's long poll
         revoke = await h.client.post(
             f"/v1/admin/principals/alice/revoke?action_id={SCAN}", headers=h.auth("root")
         )

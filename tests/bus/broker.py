@@ -54,7 +54,7 @@ class NatsServer:
                     pass  # written but not complete yet
             if self._process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError("nats-server did not start")
-            time.sleep(0.01)
+            time.sleep(0.01)  # real peer: nats-server writes its ports file
         self.port = int(url.rsplit(":", 1)[1])
 
     def kill(self) -> None:

@@ -7,9 +7,10 @@ import base64
 import hashlib
 import json
 import secrets
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from nats.aio.msg import Msg
 
 from connector.assembly import Assembled, ConnectorConfig, assemble, provider_factory
 from connector.bus.client import BusClient
+from connector.core.clock import wall_clock
 from connector.core.scope import DiscoveryScope
 from providers.base import ObservationSink, Provider, ProviderCapabilities, ProviderSession
 from tests.support.catalogs import command_action, signed_catalog
@@ -234,15 +236,16 @@ async def running_connector(
     *,
     providers: CountingProviders | None = None,
     wait_bus: bool = True,
+    clock: Callable[[], datetime] = wall_clock,
     **changes: Any,
 ) -> AsyncIterator[Assembled]:
     """The connector in-process (host, poller, Bus), by default once its Bus subscriptions are live."""
     config = env.config(nats_url, **changes)
-    async with assemble(config, providers=providers) as assembled:
+    async with assemble(config, providers=providers, clock=clock) as assembled:
         if nats_url is not None and wait_bus:
             with anyio.fail_after(10):
                 while not assembled.readiness.bus_subscribed:
-                    await anyio.sleep(0.01)
+                    await anyio.sleep(0.01)  # real peer: the Bus subscriptions go live on the nats-server
         yield assembled
 
 

@@ -19,6 +19,8 @@ from tests.support.directives import command_directive
 from tests.support.serving import cli_argv, cli_env
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.realtime  # every test runs the CLI, most against a nats-server and serve
+
 
 async def run_cli(*args: str, token: str | None, timeout: float = 60.0) -> tuple[int, str, str]:
     """Run one command line; its exit code, stdout and stderr."""
@@ -85,7 +87,7 @@ async def test_watch_exits_with_the_terminal_state(tmp_path: Path, broker: NatsS
             await bus.start(command_directive(FAIL), op="cli-failed")
             with anyio.fail_after(30):  # cancelled while it runs, not before it started
                 while (await bus.get("cli-cancelled"))["state"] != "running":
-                    await anyio.sleep(0.05)
+                    await anyio.sleep(0.05)  # real peer: the command subprocess starts under serve
             assert (await bus.cancel("cli-cancelled"))["cancelled"] is True
         token_file = tmp_path / "token"
         token_file.write_text(token + "\n")
@@ -142,6 +144,7 @@ def _lines(process: subprocess.Popen[bytes]) -> list[str]:
         return process.stdout.read().decode().splitlines()
 
 
+@pytest.mark.serve
 @pytest.mark.asyncio
 async def test_serve_killed_mid_scan_reports_lost_once_to_a_waiting_watcher(
     tmp_path: Path, broker: NatsServer

@@ -72,7 +72,7 @@ async def test_watch_subscribes_first_then_catches_up(broker: NatsServer) -> Non
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_collect, client, "job-1", seen)
                 while not service.events:
-                    await anyio.sleep(0.01)
+                    await anyio.sleep(0.01)  # real peer: the scripted service answers over the nats-server
                 # The catch-up op.get came after the subscription: an op.done sent now is not missed.
                 await service.announce({"op": "job-1", "state": "done", "operation/id": "op-A"})
     assert [c["state"] for c in seen] == ["running", "done"]
@@ -91,11 +91,11 @@ async def test_an_announcement_of_another_operation_with_the_same_handle_is_chec
             async with anyio.create_task_group() as tg:
                 tg.start_soon(_collect, client, "job-1", seen)
                 while len(service.events) < 1:
-                    await anyio.sleep(0.01)
+                    await anyio.sleep(0.01)  # real peer: the scripted service answers over the nats-server
                 # Someone else's "job-1" ended: the watcher asks op.get and keeps waiting.
                 await service.announce({"op": "job-1", "state": "failed", "operation/id": "op-OTHER"})
                 while len(service.events) < 2:
-                    await anyio.sleep(0.01)
+                    await anyio.sleep(0.01)  # real peer: the scripted service answers over the nats-server
                 service.envelope = {"op": "job-1", "state": "cancelled", "operation/id": "op-A"}
                 await service.announce(service.envelope)
                 await service.announce({"op": "job-2", "state": "done", "operation/id": "op-B"})
@@ -113,6 +113,7 @@ async def test_watch_polls_for_non_terminal_changes(broker: NatsServer) -> None:
                 tg.start_soon(lambda: _collect(client, "job-1", seen, poll_interval=0.05))
                 for state in ("queued", "running", "done"):
                     while not seen or seen[-1]["state"] != service.envelope["state"]:
+                        # real peer: the watcher hears the scripted service over the nats-server
                         await anyio.sleep(0.01)
                     service.envelope = {"op": "job-1", "state": state}
     assert [c["state"] for c in seen] == ["unknown", "queued", "running", "done"]
@@ -127,6 +128,7 @@ async def test_watch_catches_up_after_a_broker_restart(broker: NatsServer) -> No
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: _collect(client, "job-1", seen, poll_interval=None))
                 while not seen:
+                    # real peer: the watcher hears the scripted service over the nats-server
                     await anyio.sleep(0.01)
                 broker.kill()
                 # The outcome arrives while the broker is gone: its op.done could never be delivered.

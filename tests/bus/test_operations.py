@@ -33,10 +33,14 @@ from tests.bus.support import (
     watch_states,
 )
 from tests.host.support import EndsBeforeTheHostLooks
+from tests.support.clocks import OffsetClock
 from tests.support.directives import command_directive, scan_directive
 from tests.support.waiting import wait_until
 
+pytestmark = pytest.mark.realtime  # every test runs a nats-server (or waits for one) and commands
+
 TERMINAL = {"done", "failed", "cancelled", "lost"}
+RETENTION_PASSED = timedelta(seconds=4.5)  # past the 4 s host retention of the retention test
 
 
 async def _record(registry: Any, owner: str, op: str) -> OperationRecord:
@@ -52,7 +56,17 @@ async def _terminal(registry: Any, owner: str, op: str, timeout: float = 15.0) -
             record = await registry.find_by_bus_op(owner, op)
             if record is not None and record.terminal:
                 return record  # type: ignore[no-any-return]
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # real peer: the connector's tasks write the registry (commands, nats)
+
+
+async def _terminal_by_id(registry: Any, operation_id: str, timeout: float = 15.0) -> OperationRecord:
+    """Wait until the registry holds a terminal status for the operation id (the command runs for real)."""
+    with anyio.fail_after(timeout):
+        while True:
+            record = await registry.get(operation_id)
+            if record is not None and record.terminal:
+                return record  # type: ignore[no-any-return]
+            await anyio.sleep(0.05)  # real peer: the command runs in a subprocess
 
 
 async def _answered(request: Any, timeout: float = 15.0) -> dict[str, Any]:
@@ -62,7 +76,7 @@ async def _answered(request: Any, timeout: float = 15.0) -> dict[str, Any]:
             try:
                 return await request()  # type: ignore[no-any-return]
             except NoRespondersError:
-                await anyio.sleep(0.1)
+                await anyio.sleep(0.1)  # real peer: the Bus service is reconnecting to the broker
 
 
 def _no_private_keys(document: dict[str, Any]) -> None:
@@ -110,7 +124,7 @@ async def test_scan_start_get_done_and_retries_join_the_same_work(tmp_path: Path
         # The operation id is a handle too.
         assert (await bus.get(record.operation_id))["state"] == "done"
         await wait_until(lambda: spy.done("scan-1"))
-        await anyio.sleep(0.5)
+        await anyio.sleep(0.5)  # real peer: a second op.done would have reached the spy by now
     assert providers.starts == 1
     [done] = spy.done("scan-1")
     assert (done["state"], done["reason"], done["operation/id"]) == (
@@ -183,7 +197,7 @@ async def test_command_actions_start_get_cancel_done(tmp_path: Path, broker: Nat
         for op in ("redact-1", "sleep-1", "fail-1"):
             await _terminal(assembled.registry, "alice", op)
         await wait_until(lambda: all(spy.done(op) for op in ("redact-1", "sleep-1", "fail-1")))
-        await anyio.sleep(0.5)
+        await anyio.sleep(0.5)  # real peer: a second op.done would have reached the spy by now
     assert [d["state"] for d in spy.done("redact-1")] == ["done"]
     assert [d["state"] for d in spy.done("sleep-1")] == ["cancelled"]
     assert [(d["state"], d["reason"]) for d in spy.done("fail-1")] == [("failed", "command-failed")]
@@ -199,7 +213,9 @@ async def test_scan_cancel_is_confirmed_and_announced_once(tmp_path: Path, broke
         client(broker.url, env.tokens["alice"]) as bus,
     ):
         await bus.start(ble_scan(30), op="long-scan")
-        await anyio.sleep(0.5)
+        with anyio.fail_after(10):  # real peer: the scan runs on the wall clock
+            while (await bus.get("long-scan"))["state"] != "running":
+                await anyio.sleep(0.05)
         first = await bus.cancel("long-scan")
         assert first["cancelled"] is True and first["state"] in ("running", "cancelled")
         second = await bus.cancel("long-scan")
@@ -208,7 +224,7 @@ async def test_scan_cancel_is_confirmed_and_announced_once(tmp_path: Path, broke
         final = await bus.get("long-scan")
         assert final["cancellation"]["state"] == "confirmed" and final["cleanup"]["claim"] == "released"
         await wait_until(lambda: spy.done("long-scan"))
-        await anyio.sleep(0.5)
+        await anyio.sleep(0.5)  # real peer: a second op.done would have reached the spy by now
     assert [d["state"] for d in spy.done("long-scan")] == ["cancelled"]
 
 
@@ -220,7 +236,7 @@ async def test_a_caller_that_was_away_catches_up(tmp_path: Path, broker: NatsSer
             await bus.start(ble_scan(1), op="away-1")
         # Nobody listens while the scan ends and its op.done goes out.
         await _terminal(assembled.registry, "alice", "away-1")
-        await anyio.sleep(0.3)
+        await anyio.sleep(0.3)  # real peer: the op.done goes out to a broker nobody listens on
         async with client(broker.url, env.tokens["alice"]) as bus:
             got = await bus.get("away-1")
             assert (got["state"], got["reason"]) == ("done", "window-complete")
@@ -250,13 +266,14 @@ async def test_broker_restart_mid_operation_loses_no_outcome(tmp_path: Path, bro
                 broker.kill()
                 # The scan ends while the broker is gone: its op.done cannot go out now.
                 await _terminal(assembled.registry, "alice", "outage-1")
+                # real peer: the broker stays down while the connector tries to publish
                 await anyio.sleep(0.5)
                 await anyio.to_thread.run_sync(broker.start)
         assert states[-1] == "done"
         # The connector answers again once it has reconnected: a cancel of the other operation works.
         assert (await _answered(lambda: bus.cancel("outage-2")))["cancelled"] is True
         await wait_until(lambda: spy.done("outage-1") and spy.done("outage-2"))
-        await anyio.sleep(0.5)
+        await anyio.sleep(0.5)  # real peer: a second op.done would have reached the spy by now
     assert [d["state"] for d in spy.done("outage-1")] == ["done"]
     assert [d["state"] for d in spy.done("outage-2")] == ["cancelled"]
 
@@ -280,7 +297,8 @@ async def test_interrupted_operations_are_lost_exactly_once_across_restarts(
             )
             assert await watch_states(bus, "cut-1", poll_interval=None) == ["lost"]
         async with running_connector(env, broker.url):
-            await anyio.sleep(1.0)  # the third start sweeps the registry too: nothing is owed any more
+            # real peer: the third start sweeps the registry too: nothing is owed any more
+            await anyio.sleep(1.0)
     [lost] = spy.done("cut-1")
     assert (lost["state"], lost["reason"], lost["status"]) == ("lost", "interrupted-by-restart", "failed")
 
@@ -290,32 +308,30 @@ async def test_outcomes_reached_while_the_bus_was_away_are_announced_within_rete
     tmp_path: Path, broker: NatsServer
 ) -> None:
     env = make_env(tmp_path)
-    async with running_connector(env, None, host_retention_seconds=4) as assembled:
+    # The command and the host's polls run in real time; retention ages by moving this clock, not by sleeps.
+    clock = OffsetClock()
+    async with running_connector(env, None, host_retention_seconds=4, clock=clock) as assembled:
         old = await assembled.host.admit(
             assembled.host.authenticate(env.tokens["alice"]), command_directive(REDACT, input={"text": "a"})
         )
         assert isinstance(old, Accepted)
         old_id = old.handle["operation/id"]
-        with anyio.fail_after(15):
-            while not ((r := await assembled.registry.get(old_id)) and r.terminal):
-                await anyio.sleep(0.05)
-        await anyio.sleep(4.5)  # now older than the retention
+        await _terminal_by_id(assembled.registry, old_id)
+        clock.offset += RETENTION_PASSED  # now older than the retention
         redact = command_directive(REDACT, input={"text": "b"})
         recent = await assembled.host.admit(assembled.host.authenticate(env.tokens["alice"]), redact)
         assert isinstance(recent, Accepted)
         recent_id = recent.handle["operation/id"]
-        with anyio.fail_after(15):
-            while not ((r := await assembled.registry.get(recent_id)) and r.terminal):
-                await anyio.sleep(0.05)
+        await _terminal_by_id(assembled.registry, recent_id)
     async with (
         spying(broker.url) as spy,
-        running_connector(env, broker.url, host_retention_seconds=4),
+        running_connector(env, broker.url, host_retention_seconds=4, clock=clock),
         client(broker.url, env.tokens["alice"]) as bus,
     ):
         await wait_until(lambda: spy.done(recent_id))
         assert (await bus.get(recent_id))["state"] == "done"
         assert await bus.get(old_id) == {"op": old_id, "state": "unknown"}
-        await anyio.sleep(4.5)
+        clock.offset += RETENTION_PASSED
         assert await bus.get(recent_id) == {"op": recent_id, "state": "unknown"}  # past retention now
     assert len(spy.done(recent_id)) == 1 and spy.done(old_id) == []
 
@@ -455,7 +471,7 @@ async def test_an_unreachable_broker_delays_readiness_and_not_the_shutdown(tmp_p
         url = f"nats://127.0.0.1:{probe.getsockname()[1]}"
     with anyio.fail_after(10):
         async with running_connector(env, url, wait_bus=False) as assembled:
-            await anyio.sleep(1.5)
+            await anyio.sleep(1.5)  # real peer: a broker that never answers, retried meanwhile
             assert assembled.readiness.interrupted_marked and not assembled.readiness.bus_subscribed
             assert not assembled.readiness.ready
             # HTTP keeps working without the Bus.

@@ -77,6 +77,7 @@ async def test_no_canary_reaches_any_bus_message(tmp_path: Path, broker: NatsSer
                         assembled.service.authenticate(token), record.operation_id
                     )
                     labels[transport] = _labels(dict(answer.document))
+                    # real peer: the replayed scan reveals its canary on the wall clock
                     await anyio.sleep(0.1)
         for transport in directives:
             op = f"priv-{transport}"
@@ -85,13 +86,13 @@ async def test_no_canary_reaches_any_bus_message(tmp_path: Path, broker: NatsSer
             assert (await bus.cancel(op))["cancelled"] is False
         # A cancelled scan of the same canary device, read back afterwards.
         await bus.start(scan_directive(30), op="priv-cancel")
-        await anyio.sleep(0.6)
+        await anyio.sleep(0.6)  # real peer: the scan starts on the wall clock before it is cancelled
         assert (await bus.cancel("priv-cancel"))["cancelled"] is True
         assert (await watch_states(bus, "priv-cancel", poll_interval=0.3))[-1] == "cancelled"
         await bus.get("priv-cancel")
         ops = [*(f"priv-{t}" for t in directives), "priv-cancel"]
         await wait_until(lambda: all(spy.done(op) for op in ops))
-        await anyio.sleep(0.3)
+        await anyio.sleep(0.3)  # real peer: a second op.done would have reached the spy by now
 
     # The data was there: the authorised caller saw the canary devices, over the private path only.
     assert labels == {"ble": [c.ble_name], "usb-serial": [c.usb_product], "mdns": [c.mdns_instance]}

@@ -5,11 +5,14 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
 from tests.support.paths import REPO
 
 FORBIDDEN = ("anyio", "asyncio", "bleak", "serial", "zeroconf", "aiosqlite", "sqlite3", "fastapi", "nats")
 
 
+@pytest.mark.realtime  # a fresh interpreter
 def test_signing_imports_no_io_library() -> None:
     probe = (
         "import sys; import connector.catalog.signing, connector.contract.catalog_models; "

@@ -185,6 +185,7 @@ def test_argparse_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> Non
     capsys.readouterr()
 
 
+@pytest.mark.realtime  # a `python -m connector` process
 def test_the_console_entry_point_verifies_the_shipped_catalog(tmp_path: Path) -> None:
     """End to end through `python -m connector`, i.e. `connector.cli.main` with every command registered."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}

@@ -38,6 +38,7 @@ def test_serve_refuses_bad_node_flags(tmp_path: Path, args: list[str], reason: s
         config_from(parsed)
 
 
+@pytest.mark.serve
 def test_serve_takes_a_remote_broker_when_told_insecure_and_exits_2_otherwise(tmp_path: Path) -> None:
     remote = ["serve", "--simulate", "--data-dir", str(tmp_path / "d"), "--nats", "nats://10.0.0.5:4222"]
     config = config_from(build_parser().parse_args([*remote, "--node", "a", "--nats-insecure"]))
@@ -71,6 +72,7 @@ def test_the_nodes_file_must_be_private_json_of_node_names(tmp_path: Path) -> No
         read_nodes(tmp_path / "bad.json")
 
 
+@pytest.mark.realtime  # a `python -m connector lab` process
 def test_lab_exits_2_on_an_open_nodes_file_or_a_remote_broker_without_tls(tmp_path: Path) -> None:
     open_file = _nodes(tmp_path / "nodes.json", {"a": "t"}, 0o644)
     result = _run(

@@ -128,6 +128,7 @@ def test_malformed_file_is_a_usage_error(tmp_path: Path, capsys: pytest.CaptureF
     assert len(err.strip().splitlines()) == 1 and "CANARY" not in err
 
 
+@pytest.mark.realtime  # a `python -m connector` process
 def test_through_the_console_entry(tmp_path: Path, repo_root: Path) -> None:
     data = tmp_path / "d"
     env = {**os.environ, "PYTHONPATH": str(repo_root)}

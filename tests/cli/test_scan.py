@@ -46,6 +46,7 @@ def _env() -> dict[str, str]:
     return env
 
 
+@pytest.mark.realtime  # a `python -m connector scan` process
 def test_a_replayed_scan_prints_only_the_final_v2_status() -> None:
     done = scan(
         "--transport",
@@ -74,6 +75,7 @@ def test_a_replayed_scan_prints_only_the_final_v2_status() -> None:
     assert len(notes) == 1 and "26d160dae106b7bb" in notes[0] and "tests and demos only" in notes[0]
 
 
+@pytest.mark.realtime  # a `python -m connector scan` process
 def test_a_scan_without_json_prints_a_table_and_a_summary() -> None:
     done = scan(
         "--transport",
@@ -177,6 +179,7 @@ def test_usage_and_input_errors_exit_2_with_one_line(
     assert len(lines) == 1 and reason in lines[0], captured.err
 
 
+@pytest.mark.realtime  # a `python -m connector scan` process
 def test_a_usage_error_exits_2_as_a_process_too() -> None:
     done = scan("--transport", "ble", "--window", "1", "--filter", "name_prefix=", "--filter", "CANARY-91=x")
     assert done.returncode == 2 and done.stdout == ""
@@ -184,6 +187,7 @@ def test_a_usage_error_exits_2_as_a_process_too() -> None:
     assert "invalid-input" in done.stderr and "CANARY-91" not in done.stderr
 
 
+@pytest.mark.realtime  # a `python -m connector scan` process
 def test_sigint_cancels_and_waits_for_the_confirmed_stop() -> None:
     # 42 Microsoft advertisers: under max_candidates, so only Ctrl-C can end this 20 s window early.
     args = f"--transport ble --window 20 --filter manufacturer_id=6 --replay {OFFICE}"

@@ -95,6 +95,7 @@ def test_missing_arguments_are_an_argparse_usage_error(capsys: pytest.CaptureFix
     assert raised.value.code == 2
 
 
+@pytest.mark.realtime  # a `python -m connector` process
 @pytest.mark.timeout(60)
 def test_python_dash_m_connector_runs_the_same_command(tmp_path: Path) -> None:
     invalid = V2_VECTORS / "invalid" / "snapshot-over-max-bytes.json"

@@ -29,6 +29,7 @@ def test_the_top_level_help_is_written_for_a_user(capsys: pytest.CaptureFixture[
     assert "subcommands register themselves" not in text
 
 
+@pytest.mark.realtime  # runs scripts/run.sh
 def test_run_sh_help_prints_help_and_creates_nothing(tmp_path: Path) -> None:
     data_dir = tmp_path / "never-created"
     env = {**os.environ, "SENSORIUM_DATA_DIR": str(data_dir)}
@@ -40,6 +41,7 @@ def test_run_sh_help_prints_help_and_creates_nothing(tmp_path: Path) -> None:
     assert not data_dir.exists() and "caller token (principal" not in done.stdout
 
 
+@pytest.mark.realtime  # a `python -m connector scan` process
 def test_a_clamped_max_candidates_is_said_on_stderr() -> None:
     done = scan(
         "--transport",

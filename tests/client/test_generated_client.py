@@ -54,6 +54,7 @@ def _module(name: str) -> ModuleType:
     return importlib.import_module(f"{PACKAGE}.{name}")
 
 
+@pytest.mark.realtime  # runs openapi-python-client
 @pytest.mark.timeout(180)
 @pytest.mark.asyncio
 async def test_generated_client_drives_a_scan_typed(tmp_path: Path) -> None:

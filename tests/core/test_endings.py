@@ -153,6 +153,7 @@ def test_diagram_draws_every_cause_outcome_and_override() -> None:
     assert len(overrides) == sum(len(v) for v in OVERRIDES.values())
 
 
+@pytest.mark.realtime  # a `python -m` subprocess
 def test_module_prints_the_diagram_and_refuses_no_flag(repo_root: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "connector.diagrams", "endings"],

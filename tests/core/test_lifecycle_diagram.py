@@ -44,6 +44,7 @@ def test_diagram_draws_every_edge_and_end() -> None:
     assert '    state "timed-out" as timed_out\n' in diagram
 
 
+@pytest.mark.realtime  # a `python -m` subprocess
 def test_module_prints_the_diagram(repo_root: Path) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "connector.diagrams", "lifecycle"],

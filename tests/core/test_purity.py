@@ -7,6 +7,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+pytestmark = pytest.mark.realtime  # each check runs a fresh interpreter
+
 FORBIDDEN = (
     "anyio",
     "asyncio",

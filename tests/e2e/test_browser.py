@@ -34,6 +34,7 @@ SCREENSHOT = REPO / "test-artifacts" / "console.png"
 pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
     pytest.mark.browser,
+    pytest.mark.serve,
 ]
 
 

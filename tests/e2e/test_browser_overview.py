@@ -28,6 +28,7 @@ PHONE = {"width": 390, "height": 844}
 pytestmark = [
     pytest.mark.skipif(not CHROMIUM.exists(), reason="needs Debian's chromium at /usr/bin/chromium"),
     pytest.mark.browser,
+    pytest.mark.serve,
 ]
 
 

@@ -48,6 +48,7 @@ def _run_schemathesis(url: str, token: str, cwd: Path, *only: str) -> subprocess
     return subprocess.run(argv, cwd=cwd, env=env, capture_output=True, text=True, timeout=100, check=False)
 
 
+@pytest.mark.serve
 @pytest.mark.timeout(240)
 @pytest.mark.asyncio
 async def test_schemathesis_finds_no_server_errors(tmp_path: Path) -> None:

@@ -62,6 +62,7 @@ def _alive(pid: int) -> bool:
     return True
 
 
+@pytest.mark.serve
 @pytest.mark.asyncio
 async def test_replay_end_to_end(tmp_path: Path) -> None:
     data = tmp_path / "data"
@@ -100,6 +101,7 @@ async def test_replay_end_to_end(tmp_path: Path) -> None:
         assert private not in text
 
 
+@pytest.mark.serve
 @pytest.mark.asyncio
 async def test_sigterm_stops_sessions_and_work_then_exits_0(tmp_path: Path) -> None:
     data = tmp_path / "data"
@@ -132,6 +134,7 @@ async def test_sigterm_stops_sessions_and_work_then_exits_0(tmp_path: Path) -> N
             os.kill(child, signal.SIGKILL)
 
 
+@pytest.mark.serve
 @pytest.mark.asyncio
 async def test_command_results_survive_a_restart_and_dead_work_is_interrupted(tmp_path: Path) -> None:
     data = tmp_path / "data"
@@ -193,6 +196,7 @@ async def test_command_results_survive_a_restart_and_dead_work_is_interrupted(tm
             os.kill(sleeper, signal.SIGKILL)
 
 
+@pytest.mark.serve
 @pytest.mark.asyncio
 async def test_serve_refuses_a_tampered_catalog_with_exit_2(tmp_path: Path) -> None:
     catalog = tmp_path / "actions.json"

@@ -23,6 +23,8 @@ from connector.resources import version
 from tests.support.paths import REPO
 from tests.support.wheel import tracked_tree
 
+pytestmark = pytest.mark.realtime  # every test runs the installed console script (or pip and git)
+
 FIXTURE = REPO / "hw-fixtures" / "ble-heart-rate-lab.jsonl"
 
 
@@ -132,6 +134,7 @@ def test_a_named_catalog_never_gets_the_packaged_trust_key(installed: Installed)
     assert "packaged" not in result.stderr and "catalog-" in result.stderr
 
 
+@pytest.mark.serve
 def test_serve_without_a_catalog_exits_2(installed: Installed) -> None:
     result = installed.run("serve", "--port", "0", "--data-dir", str(installed.empty / "data"))
     assert result.returncode == 2

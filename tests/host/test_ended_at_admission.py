@@ -17,7 +17,7 @@ from tests.host.support import EndsBeforeTheHostLooks, add_principals, check, ho
 from tests.support.directives import command_directive, scan_directive
 from tests.support.principals import bearer
 
-pytestmark = pytest.mark.asyncio
+pytestmark = [pytest.mark.asyncio, pytest.mark.realtime]  # realtime: command subprocesses
 CONTEXT = {"operation/id": "flow-step-3", "trace/id": "trace-1"}
 
 

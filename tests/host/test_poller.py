@@ -11,11 +11,13 @@ import anyio
 import pytest
 import pytest_asyncio
 
+from connector.core.clock import from_ms, to_ms
 from connector.core.policy import DeferredHostPolicy
 from connector.host.documents import record_document
 from connector.host.poller import Poller
 from connector.host.service import HostService
 from connector.service.answers import Accepted
+from connector.timer import VirtualTimer
 from tests.host.fakes import TOKENS, FakePort, Jitter, fake_host
 from tests.host.fakes import directive as make_directive
 from tests.host.records import T0
@@ -203,21 +205,29 @@ async def test_racing_polls_of_one_operation_record_one_end(
     assert [e.status for e in await host.registry.history(op_id)] == ["pending", "failed"]
 
 
+async def _next_wake(timer: VirtualTimer) -> None:
+    """Move the clock to the poller's next wake-up, once it sleeps on the timer again."""
+    with anyio.fail_after(5):
+        while (due_ms := timer.next_due_ms()) is None:
+            await anyio.sleep(0.01)  # real peer: the registry's aiosqlite thread, between two sleeps
+    await timer.advance_to(due_ms)
+
+
 async def test_the_loop_wakes_on_admission_and_polls_when_due(tmp_path: Path) -> None:
-    host, port, clock = await fake_host(tmp_path)
+    timer = VirtualTimer(start_ms=to_ms(T0))
+    host, port, _clock = await fake_host(tmp_path)
+    host.clock = lambda: from_ms(timer.now_ms())  # the host reads the timer the poller sleeps on
     try:
-        async with Poller(host, min_sleep_seconds=0.01, max_sleep_seconds=0.05) as poller:
+        async with Poller(host, timer=timer) as poller:
             op_id = await _admit(host, port, "whisper.redaction.prepare")
             port.ops[op_id].status = "running"
-            clock.advance(1)
-            with anyio.fail_after(5):
-                while (record := await host.registry.get(op_id)) is None or record.attempts == 0:
-                    await anyio.sleep(0.01)
-            assert record.status == "running"
-            clock.advance(900)  # past expiry: the command's stop runs in the poller's task group
-            with anyio.fail_after(5):
-                while port.stops == []:
-                    await anyio.sleep(0.01)
+            while (record := await host.registry.get(op_id)) is None or record.attempts == 0:
+                await _next_wake(timer)
+            assert record.status == "running" and timer.now_ms() - to_ms(T0) <= 2000
+            await _next_wake(timer)
+            await timer.advance(900_000)  # past expiry: the command's stop runs in the poller's task group
+            while port.stops == []:
+                await _next_wake(timer)
             assert poller.batch == 1000
         assert host.spawn is None and host.on_admitted is None
         expired = await host.registry.get(op_id)

@@ -48,6 +48,7 @@ def flow_continuation() -> dict[str, Any]:
     }
 
 
+@pytest.mark.realtime  # command subprocesses
 async def test_a_restart_interrupts_discovery_mirrors_commands_and_restarts_nothing(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path, ("test.slow",))
     catalog, _ = signed_catalog(tmp_path / "catalog", tmp_path / "marker")
@@ -72,7 +73,7 @@ async def test_a_restart_interrupts_discovery_mirrors_commands_and_restarts_noth
         )
         with anyio.fail_after(15):
             while (await status_of(assembled.commands, slow["operation/id"]))["status"] != "running":
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # real peer: the command subprocess starts
         assert (await status_of(assembled.commands, quick["operation/id"], 15))["status"] == "completed"
         quick_row = await assembled.registry.get(quick["operation/id"])
         assert quick_row is not None and quick_row.status in (

@@ -42,6 +42,7 @@ async def test_serve_mounts_the_host_routes_and_publishes_its_counters(tmp_path:
             while (record := await assembled.registry.get(accepted.json()["operation/id"])) is None or (
                 not record.terminal
             ):
+                # wall clock: the 1 s window, then the poller's own wall-clock cadence
                 await anyio.sleep(0.1)
         metrics = (await client.get("/metrics")).text
     for name in ("polls_total", "terminal_outcomes_total", "expirations_total", "poll_errors_total",
@@ -52,6 +53,7 @@ async def test_serve_mounts_the_host_routes_and_publishes_its_counters(tmp_path:
     assert "sensorium_discovery_sessions_active" in metrics
 
 
+@pytest.mark.realtime  # a command subprocess
 async def test_terminal_metadata_is_forgotten_after_retention(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path)
     async with host_app(tmp_path, host_poller=False, host_retention_seconds=60) as (assembled, client):
@@ -87,6 +89,8 @@ def _serve(data_dir: Path, log: Path) -> Iterator[tuple[subprocess.Popen[bytes],
         yield server.process, server.base_url
 
 
+@pytest.mark.serve
+@pytest.mark.realtime  # serve processes and kill -9
 async def test_a_killed_serve_restarts_with_its_scan_interrupted(tmp_path: Path) -> None:
     data_dir = tmp_path / "data"
     tokens = add_principals(data_dir)

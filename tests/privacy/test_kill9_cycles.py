@@ -39,7 +39,7 @@ from tests.support.fixtures import write_fixture
 from tests.support.paths import SHIPPED_CATALOG, SHIPPED_TRUST
 from tests.support.serving import start_serve
 
-pytestmark = [pytest.mark.asyncio, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.asyncio, pytest.mark.serve, pytest.mark.timeout(240)]
 
 CYCLES = int(os.environ.get("SENSORIUM_KILL9_CYCLES", "20"))
 SCAN = "device.discovery.scan"

@@ -295,6 +295,7 @@ def console_pages(server: ServeProcess, token: str, op_ids: Iterable[str]) -> di
 # ---- the test ----------------------------------------------------------------------------------------------
 
 
+@pytest.mark.serve
 @pytest.mark.timeout(180)
 def test_canaries_reach_only_the_caller_across_a_kill_9(tmp_path: Path) -> None:
     c = Canaries.fresh()

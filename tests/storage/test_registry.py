@@ -349,6 +349,7 @@ _KILLER = textwrap.dedent(
 )
 
 
+@pytest.mark.realtime  # a child process killed with kill -9
 async def test_recorded_writes_survive_kill_9(tmp_path: Path) -> None:
     script = tmp_path / "killer.py"
     script.write_text(_KILLER.format(repo=str(REPO)))

@@ -56,7 +56,7 @@ async def wait_running(console: Console, op_id: str) -> None:
             status = await console.caller_status(op_id)
             if status["status"] == "running" and status.get("progress"):
                 return
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # wall clock: the replay reveals its candidate
 
 
 # ---- without a session -----------------------------------------------------------------------------------
@@ -383,6 +383,7 @@ async def test_cancel_goes_through_cancellation_requested_to_cancelled(tmp_path:
         assert "Cancel requested; the host answered: running, cancellation requested." in page.text
         with anyio.fail_after(10):
             while 'id="status">cancelled</span>' not in page.text:
+                # wall clock: the runtime confirms the cancel in its own tasks
                 await anyio.sleep(0.05)
                 await console.client.post(f"{detail_path(op_id)}/poll", data={"csrf_token": token})
                 page = await console.client.get(detail_path(op_id))
@@ -399,7 +400,7 @@ async def test_cancelling_a_finished_operation_changes_nothing(tmp_path: Path) -
         op_id = await console.start_scan(window_seconds=1)
         with anyio.fail_after(10):
             while (await console.caller_status(op_id))["status"] != "completed":
-                await anyio.sleep(0.1)
+                await anyio.sleep(0.1)  # wall clock: the scan's 1 s window
         await signed_in(console)
         token = await console.csrf(detail_path(op_id))
         response = await console.client.post(f"{detail_path(op_id)}/cancel", data={"csrf_token": token})
@@ -439,6 +440,7 @@ async def test_no_page_shows_candidate_data(tmp_path: Path) -> None:
         pages.append((await console.client.get(detail_path(op_id))).text)
         with anyio.fail_after(10):
             while (await console.caller_status(op_id))["status"] != "cancelled":
+                # wall clock: the runtime confirms the cancel in its own tasks
                 await anyio.sleep(0.05)
         pages.append((await console.client.get(detail_path(op_id))).text)
         pages.append((await console.client.get(LIST)).text)

@@ -75,7 +75,7 @@ async def _admit(assembled: Assembled, tokens: Tokens, transport: str, filters: 
 async def _until(check: Any, timeout: float = 15.0) -> None:
     with anyio.fail_after(timeout):
         while not await check():
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # wall clock: the in-process runtime's replay
 
 
 def _plain(html: str) -> str:

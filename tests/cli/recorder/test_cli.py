@@ -114,6 +114,7 @@ def test_the_output_must_be_a_file_in_an_existing_folder(
     assert list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.realtime  # a CLI process on a private dbus-daemon
 @pytest.mark.skipif(not bluez_available(), reason="dbus-daemon is not installed")
 def test_no_ble_adapter_exits_1_with_the_code_and_writes_nothing(tmp_path: Path) -> None:
     with BluezEmulator():  # bluetoothd runs, but the private bus has no adapter

@@ -165,6 +165,7 @@ async def test_service_types_are_learned_from_the_dns_sd_meta_query() -> None:
     assert all(t.endswith(("._tcp.local.", "._udp.local.")) for t in found)
 
 
+@pytest.mark.realtime  # a CLI process
 @pytest.mark.asyncio
 async def test_the_cli_learns_the_types_and_records_them(tmp_path: Path) -> None:
     target = tmp_path / "lan.jsonl"
@@ -184,6 +185,7 @@ async def test_the_cli_learns_the_types_and_records_them(tmp_path: Path) -> None
     assert target.stat().st_mode & 0o777 == 0o600
 
 
+@pytest.mark.realtime  # a CLI process
 def test_ctrl_c_while_learning_types_exits_130_and_writes_nothing(tmp_path: Path) -> None:
     target = tmp_path / "lan.jsonl"
     child = spawn_cli(["fixtures", "record", "--transport", "mdns", "--seconds", "5", "--types-seconds", "30",
