@@ -250,8 +250,13 @@ async def running_connector(
 
 
 def client(url: str, token: str | None, **kw: Any) -> Any:
-    """A Bus client (async context manager) with quick reconnects."""
+    """A Bus client (async context manager) with quick reconnects and patient requests.
+
+    15 s per request: a loaded machine (both cores busy, several xdist workers fsyncing) can hold one Bus
+    request, a cancel that waits for its subprocess's end, past the library's 5 s default.
+    """
     kw.setdefault("reconnect_time_wait", 0.2)
+    kw.setdefault("timeout", 15.0)
     return BusClient.connect(url, token=token, **kw)
 
 
