@@ -46,7 +46,6 @@ from connector.bus.messages import (
     StartRequest,
     Subjects,
     bearer_token,
-    cancel_changed,
     cancel_reply,
     done_message,
     encode,
@@ -57,6 +56,7 @@ from connector.bus.messages import (
     peek_op,
     record_state,
     refusal,
+    refusal_reply,
     state_reply,
     status_state,
     unknown_reply,
@@ -494,13 +494,8 @@ class BusAdapter:
             try:
                 cancelled = await self._host.cancel_visible(record)
             except SensoriumError as error:
-                if error.code == "unknown-operation":
-                    return unknown_reply(op)
-                return refusal(op, public_refusal(error), state=record_state(record)[0])
-        after = cancelled.answer.document
-        # R2 merge: `cancelled.reached` becomes the runtime's `changed`, and `cancel_changed` goes.
-        changed = cancel_changed(was_live_unrequested=cancelled.reached, after=after)
-        return cancel_reply(op, cancelled=changed, state=status_state(after))
+                return refusal_reply(op, public_refusal(error), state=record_state(record)[0])
+        return cancel_reply(op, cancelled=cancelled.changed, state=status_state(cancelled.answer.document))
 
     async def _visible(self, principal: authority.Principal, op: str) -> DurableRecord | None:
         """The principal's own retained operation under this handle (or operation id), if its grant holds."""

@@ -67,9 +67,9 @@ Spawn = Callable[[Callable[[], Awaitable[None]]], None]
 
 @dataclass(frozen=True, slots=True)
 class Cancelled:
-    """What a cancel answered: the status after it, and whether it reached live work not yet asked to stop."""
+    """What a cancel answered: whether it changed anything, and the status after it."""
 
-    reached: bool
+    changed: bool
     answer: Done
 
 
@@ -257,31 +257,21 @@ class HostService:
 
     async def cancel(self, principal: authority.Principal, op_id: str) -> Done:
         """POST /v1/host/operations/{id}/cancel: bridged only where the handle has a `cancel_href`."""
-        return (await self._cancel(await self._visible(principal, op_id), probe=False)).answer
+        return (await self.cancel_visible(await self._visible(principal, op_id))).answer
 
     async def cancel_visible(self, record: OperationRecord) -> Cancelled:
         """The cancel of a row its caller may see (checked by the edge that found it, e.g. the Bus by its
-        handle): the status after the request, and whether the request reached live, unstopped work."""
-        return await self._cancel(record, probe=True)
-
-    async def _cancel(self, record: OperationRecord, *, probe: bool) -> Cancelled:
+        handle): the status after the request, and whether the request changed anything (the runtime's)."""
         op_id, kind = record.operation_id, kind_of(record)
         if record.terminal:
             document = await self.port.caller_status(op_id, kind, wait_seconds=None, after_revision=None)
             return Cancelled(False, Done(await self._answer(record, document)))
         _require_cancelable(record)
-        # R2 merge: `reached` becomes the `changed` of the runtime's `cancel -> (changed, status)`; until
-        # then it is probed before the request.
-        reached = probe and await self._live_unrequested(op_id, kind)
-        document = await self.port.cancel(op_id, kind)
-        return Cancelled(reached, Done(await self._answer(record, document)))
-
-    async def _live_unrequested(self, op_id: str, kind: Kind) -> bool:
-        """Before a cancel: is the work still live and not yet asked to stop? (asked of the connector)"""
-        observed = await self.port.observe(op_id, kind)
-        if observed is None:
-            return False
-        return not is_terminal(Status(observed.status)) and "cancellation" not in observed.metadata
+        cancelled = await self.port.cancel(op_id, kind)
+        if cancelled is None:
+            return Cancelled(False, Done(await self._answer(record, None)))
+        changed, document = cancelled
+        return Cancelled(changed, Done(await self._answer(record, document)))
 
     async def _visible(self, principal: authority.Principal, op_id: str) -> OperationRecord:
         record = await self.registry.get(op_id)

@@ -164,6 +164,14 @@ def _error(operation: CommandOperation) -> dict[str, str]:
     return {"code": code, "message": _ERROR_MESSAGES.get(code, "the operation did not complete")}
 
 
+def _ended_by_cancel(operation: CommandOperation) -> bool:
+    """Still live (the stop goes on), cancelled, or a cancel whose stop was not confirmed."""
+    status = Status(operation.status)
+    if not is_terminal(status) or status is Status.CANCELLED:
+        return True
+    return operation.error_code == CANCELLATION_UNCONFIRMED
+
+
 @dataclass(frozen=True, slots=True)
 class _Outcome:
     """How a run ended, before it is persisted."""
@@ -430,8 +438,9 @@ class CommandRunner:
         )
 
     async def cancel(self, operation_id: str) -> tuple[bool, dict[str, Any]] | None:
-        """Cancel and wait for the confirmed end: whether work was interrupted, and the status after it
-        (a terminal operation answers its unchanged status); `not-cancelable` for `cancel: none`."""
+        """Cancel and wait for the confirmed end: whether the request interrupted live work (not when it
+        ended on its own first), and the status after it (a terminal operation answers its unchanged
+        status); `not-cancelable` for `cancel: none`."""
         operation = await self._state.get_operation(operation_id)
         if operation is None:
             return None
@@ -444,7 +453,8 @@ class CommandRunner:
             job.request_cancel()
             with scope_after(self._timer, self._kill_after_ms * 2 + 5000):
                 await job.done.wait()
-        return job is not None, self._document(await self._require(operation_id))
+        after = await self._require(operation_id)
+        return job is not None and _ended_by_cancel(after), self._document(after)
 
     async def stop(self, operation_id: str, error_code: str) -> None:
         """Cancel cancelable work that has not ended (the runner records its own ending)."""

@@ -146,9 +146,12 @@ class FakePort:
         op = self.ops.get(operation_id)
         return None if op is None else copy.deepcopy(op.document(operation_id))
 
-    async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
+    async def cancel(self, operation_id: str, kind: Kind) -> tuple[bool, dict[str, Any]] | None:
         self.cancels.append(operation_id)
-        return await self.caller_status(operation_id, kind, wait_seconds=None, after_revision=None)
+        op = self.ops.get(operation_id)
+        if op is None:
+            return None
+        return op.status in ("pending", "running"), copy.deepcopy(op.document(operation_id))
 
     async def stop(self, operation_id: str, kind: Kind, error_code: str) -> None:
         self.stops.append((operation_id, kind, error_code))
