@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from connector.contract.canonical import canonical_bytes, sha256_hex
+from connector.contract.canonical import sha256_hex
 from connector.core import authority
 from connector.core.admission import Identified, caller_deadline
 from connector.core.clock import from_ms, wall_clock
@@ -47,10 +47,10 @@ from connector.core.operator_rows import (
     operator_page,
 )
 from connector.core.policy import DeferredHostPolicy
-from connector.errors import SensoriumError, unknown_operation
+from connector.errors import Code, SensoriumError, unknown_operation
 from connector.host import documents
 from connector.host.continuations import ContinuationStore
-from connector.host.documents import DEADLINE_EXCEEDED, RESPONSE_TOO_LARGE, kind_of, rules_of
+from connector.host.documents import kind_of, rules_of
 from connector.host.metrics import HostMetrics
 from connector.host.port import ActionInfo, ConnectorPort, InProcessConnector
 from connector.host.receipts import record_receipt
@@ -293,7 +293,7 @@ class HostService:
             return documents.record_document(record)
         if not record.terminal and not is_terminal(status) and now >= record.expires_at:
             return documents.record_document(await self._expire(record, record.metadata, now))
-        if not self.policy.response_fits(len(canonical_bytes(dict(document)))):
+        if not self.policy.status_fits(document):
             return await self._too_large(record, now)
         observed = await self.port.observe(record.operation_id, kind_of(record))
         retry = None if is_terminal(status) else self._retry(record, document.get("retry_after_seconds"))
@@ -301,11 +301,10 @@ class HostService:
         return documents.with_policy_fields(document, record, retry)
 
     async def _too_large(self, record: OperationRecord, now: datetime) -> dict[str, Any]:
-        diagnostic = {"code": RESPONSE_TOO_LARGE, "message": documents.error_message(RESPONSE_TOO_LARGE)}
         if record.terminal:
-            return documents.record_document(record, diagnostics=[diagnostic])
-        await self.port.stop(record.operation_id, kind_of(record), RESPONSE_TOO_LARGE)
-        record = await self._conclude(record, Status.FAILED, RESPONSE_TOO_LARGE, now)
+            return documents.record_document(record, diagnostics=[documents.coded(Code.RESPONSE_TOO_LARGE)])
+        await self.port.stop(record.operation_id, kind_of(record), Code.RESPONSE_TOO_LARGE)
+        record = await self._conclude(record, Status.FAILED, Code.RESPONSE_TOO_LARGE, now)
         return documents.record_document(record)
 
     # ---- polling (the poller and operators) ----------------------------------------------------------------
@@ -342,8 +341,9 @@ class HostService:
             return await self._conclude(record, Status.UNKNOWN, None, now, attempts=attempts)
         if is_terminal(Status(observed.status)):
             document = observed.document
-            if document is not None and not self.policy.response_fits(len(canonical_bytes(dict(document)))):
-                return await self._conclude(record, Status.FAILED, RESPONSE_TOO_LARGE, now, attempts=attempts)
+            if document is not None and not self.policy.status_fits(document):
+                too_large = Code.RESPONSE_TOO_LARGE
+                return await self._conclude(record, Status.FAILED, too_large, now, attempts=attempts)
             return await self._record(record, observed, now, None, attempts=attempts)
         polls = record.attempts if attempts is None else attempts
         if now >= record.expires_at or self.policy.attempts_exhausted(polls):
@@ -402,9 +402,9 @@ class HostService:
     ) -> OperationRecord:
         """End `expired` and tell the connector to stop the work (in the background when possible)."""
         self.metrics.expirations.inc()
-        await self._stop_work(record.operation_id, kind_of(record), DEADLINE_EXCEEDED)
+        await self._stop_work(record.operation_id, kind_of(record), Code.DEADLINE_EXCEEDED)
         fresh = record if metadata is record.metadata else _with_metadata(record, metadata)
-        return await self._conclude(fresh, Status.EXPIRED, DEADLINE_EXCEEDED, now, attempts=attempts)
+        return await self._conclude(fresh, Status.EXPIRED, Code.DEADLINE_EXCEEDED, now, attempts=attempts)
 
     async def _stop_work(self, op_id: str, kind: Kind, code: str) -> None:
         if documents.KIND_RULES[kind].stop_waits and self.spawn is not None:

@@ -160,8 +160,7 @@ def deferred_handle(operation: CommandOperation, action: CommandAction) -> dict[
 
 def _error(operation: CommandOperation) -> dict[str, str]:
     """`error` of a terminal, non-completed operation: its code (or status) and a fixed message."""
-    code = operation.error_code or operation.status
-    return {"code": code, "message": _ERROR_MESSAGES.get(code, "the operation did not complete")}
+    return projections.coded(operation.error_code or operation.status, messages=_ERROR_MESSAGES)
 
 
 def _ended_by_cancel(operation: CommandOperation) -> bool:
