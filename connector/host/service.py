@@ -162,7 +162,7 @@ class HostService:
             inserted = await self.registry.record_accepted(record)
         except Exception:
             # No durable row, no work: the connector is told to stop before the refusal leaves.
-            await self.port.stop(op_id, kind_of(record), "internal")
+            await self.port.stop(op_id, kind_of(record), Code.INTERNAL)
             raise
         if not inserted:
             known = await self.registry.get(op_id)
@@ -235,7 +235,7 @@ class HostService:
     def _action(self, action_id: str) -> ActionInfo:
         action = self.port.action(action_id)
         if action is None:
-            raise SensoriumError("the action left the catalog", code="internal")
+            raise SensoriumError("the action left the catalog", code=Code.INTERNAL)
         return action
 
     # ---- the owning caller ---------------------------------------------------------------------------------
@@ -363,7 +363,7 @@ class HostService:
             retry_after_seconds=retry,
             next_poll_at=self._next_poll(record, now, retry),
             attempts=attempts,
-            last_error="internal",
+            last_error=Code.INTERNAL,
         )
 
     async def _record(
@@ -482,7 +482,7 @@ class HostService:
         for record in open_rows:
             if rules_of(record).survives_restart:
                 ended = await self.poll(record, now)
-                if ended.last_error == "interrupted-by-restart":
+                if ended.last_error == Code.INTERRUPTED_BY_RESTART:
                     mirrored.append(ended)
         self.interrupted = [*marked, *mirrored]
         await self.continuations.settle_pending()
@@ -618,15 +618,15 @@ def _invalid_query(name: str, rule: str) -> SensoriumError:
     """422 `invalid-input` naming the query parameter that failed (never its value)."""
     return SensoriumError(
         f"invalid query parameter {name}",
-        code="invalid-input",
-        diagnostics=[{"code": "invalid-input", "message": f"/{name}: {rule}"}],
+        code=Code.INVALID_INPUT,
+        diagnostics=[{"code": Code.INVALID_INPUT, "message": f"/{name}: {rule}"}],
     )
 
 
 def _require_cancelable(record: OperationRecord) -> None:
     if not record.cancelable:
         reason = record.cancel_unavailable_reason or "this operation cannot be cancelled"
-        raise SensoriumError(reason, code="not-cancelable")
+        raise SensoriumError(reason, code=Code.NOT_CANCELABLE)
 
 
 def _with_metadata(record: OperationRecord, metadata: Mapping[str, Any]) -> OperationRecord:
