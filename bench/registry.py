@@ -254,7 +254,7 @@ class _RunningPort:
     ) -> dict[str, Any] | None:
         return None
 
-    async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
+    async def cancel(self, operation_id: str, kind: Kind) -> tuple[bool, dict[str, Any]] | None:
         return None
 
     async def stop(self, operation_id: str, kind: Kind, error_code: str) -> None:

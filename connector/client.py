@@ -32,11 +32,11 @@ from connector.contract.models import (
     validate_wire,
 )
 from connector.core.lifecycle import TERMINAL_STATUSES
+from connector.core.policy import MAX_WAIT_SECONDS
 from connector.errors import Code
 
 Status = DeferredOperationStatusV1 | DeferredOperationStatusV2
 TERMINAL: frozenset[str] = frozenset(status.value for status in TERMINAL_STATUSES)
-MAX_WAIT_SECONDS = 30
 _RETRIED_CODES = frozenset({Code.TOO_MANY_OPERATIONS, Code.TRANSPORT_CLAIMED, Code.SESSION_NOT_TERMINATED})
 _LOST_REPLY = (httpx.TransportError,)  # connect, read, write, pool and protocol errors
 

@@ -35,7 +35,7 @@ from dbus_fast.errors import DBusFastError
 
 from connector.core.observations import BleObservation
 from connector.core.scope import DiscoveryScope, backend_filter_hint
-from connector.errors import ProviderError, ProviderRestarted, ProviderUnavailable
+from connector.errors import Code, ProviderError, ProviderRestarted, ProviderUnavailable
 from providers.base import (
     BaseSession,
     ObservationSink,
@@ -213,7 +213,7 @@ def close_links() -> None:
 
 def _start_error(code: str, rule: str) -> ProviderError:
     diagnostics = [{"code": "ble-backend", "message": rule}]
-    if code == "provider-unavailable":
+    if code == Code.PROVIDER_UNAVAILABLE:
         if rule == "powered-off":
             return ProviderUnavailable("the BLE adapter is powered off")
         return ProviderUnavailable("the BLE adapter is not available", diagnostics=diagnostics)

@@ -42,6 +42,7 @@ import sys
 from typing import Any, cast
 
 from connector.core.observations import BleObservation
+from connector.errors import Code
 
 _LEN = struct.Struct(">I")
 _as_observation = tuple.__new__
@@ -239,18 +240,19 @@ class Worker:
         try:
             return await self._start_scanning()
         except BleakBluetoothNotAvailableError:
-            return ("provider-unavailable", "no-adapter")
+            return (Code.PROVIDER_UNAVAILABLE.value, "no-adapter")
         except BleakDBusError as exc:
             if exc.dbus_error == IN_PROGRESS and not await self._still_powered():
                 # adapter.c `start_discovery_complete`: InProgress also answers a start that the adapter's
                 # power-off cut short
-                return ("provider-unavailable", "powered-off")
-            code = "provider-unavailable" if exc.dbus_error in UNAVAILABLE_ERRORS else "provider-failure"
-            return (code, exc.dbus_error)
+                return (Code.PROVIDER_UNAVAILABLE.value, "powered-off")
+            unavailable = exc.dbus_error in UNAVAILABLE_ERRORS
+            code = Code.PROVIDER_UNAVAILABLE if unavailable else Code.PROVIDER_FAILURE
+            return (code.value, exc.dbus_error)
         except BleakError:
-            return ("provider-unavailable", "adapter-not-found")
+            return (Code.PROVIDER_UNAVAILABLE.value, "adapter-not-found")
         except (OSError, DBusFastError, EOFError):
-            return ("provider-unavailable", "bus-unreachable")
+            return (Code.PROVIDER_UNAVAILABLE.value, "bus-unreachable")
 
     async def _start_scanning(self) -> tuple[str, str] | None:
         from bleak import BleakScanner
@@ -277,9 +279,9 @@ class Worker:
         )
         reply = await bus.call(self._powered_query())
         if reply.message_type == MessageType.ERROR:
-            return ("provider-unavailable", reply.error_name or "no-reply")
+            return (Code.PROVIDER_UNAVAILABLE.value, reply.error_name or "no-reply")
         if not reply.body[0].value:
-            return ("provider-unavailable", "powered-off")
+            return (Code.PROVIDER_UNAVAILABLE.value, "powered-off")
         self._scanner = BleakScanner(
             None,  # reports reach `_on_report` from the manager (see `active_scan`)
             bluez={"adapter": self._adapter_path.rsplit("/", 1)[1], "filters": cast(Any, self._filters)},

@@ -35,7 +35,7 @@ from connector.contract.transports import TRANSPORTS, Transport
 from connector.core.observations import BleObservation, MdnsObservation, Observation, UsbObservation
 from connector.core.scope import DiscoveryScope
 from connector.core.transports import TRANSPORT_FACTS
-from connector.errors import ProviderRestarted, ProviderUnavailable, SensoriumError
+from connector.errors import Code, ProviderRestarted, ProviderUnavailable, SensoriumError
 from connector.timer import WALL_TIMER, Timer
 from providers.base import BaseSession, ObservationSink, ProviderCapabilities
 from providers.replay import LineError, finish_task, parse_observation_line
@@ -53,14 +53,14 @@ MAX_DEVICES: Final = 256
 class SimulationRefused(SensoriumError):
     """A simulation request was refused; the message names paths and rules, never a value."""
 
-    default_code = "invalid-input"
+    default_code = Code.INVALID_INPUT
 
 
 def _refused(path: str, rule: str) -> SimulationRefused:
     return SimulationRefused(
         "the simulation request is invalid",
-        code="invalid-input",
-        diagnostics=[{"code": "invalid-input", "message": f"{path}: {rule}" if path else rule}],
+        code=Code.INVALID_INPUT,
+        diagnostics=[{"code": Code.INVALID_INPUT, "message": f"{path}: {rule}" if path else rule}],
     )
 
 

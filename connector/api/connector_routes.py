@@ -12,11 +12,12 @@ from starlette.responses import Response
 from connector.api.errors import bearer_token, parse_json_body, to_response
 from connector.api.openapi import ADMISSION_REFUSALS, Ok, Route, declare
 from connector.core.authority import Principal
+from connector.errors import Code
 from connector.service.answers import Answer, Done
 from connector.service.connector import ConnectorService
 
-_AUTH = ("unauthenticated", "internal")
-_BODY = ("invalid-json", "body-too-large")
+_AUTH = (Code.UNAUTHENTICATED, Code.INTERNAL)
+_BODY = (Code.INVALID_JSON, Code.BODY_TOO_LARGE)
 _STATUS_BODIES = ("deferred-operation-status.v1", "deferred-operation-status.v2")
 INVOKE = Route(
     oks=(
@@ -33,15 +34,22 @@ INVOKE = Route(
 )
 STATUS = Route(
     oks=(Ok(200, _STATUS_BODIES, description="v1 status, or v2 for discovery"),),
-    refusals=(*_AUTH, "unknown-operation", "invalid-input"),
+    refusals=(*_AUTH, Code.UNKNOWN_OPERATION, Code.INVALID_INPUT),
 )
 CANCEL = Route(
     oks=(Ok(200, _STATUS_BODIES, description="the status after the request"),),
-    refusals=(*_AUTH, "unknown-operation", "not-cancelable"),
+    refusals=(*_AUTH, Code.UNKNOWN_OPERATION, Code.NOT_CANCELABLE),
 )
 SELECT = Route(
     oks=(Ok(200, ("selection",)),),
-    refusals=(*_BODY, *_AUTH, "unknown-operation", "forbidden", "invalid-input", "unknown-candidate"),
+    refusals=(
+        *_BODY,
+        *_AUTH,
+        Code.UNKNOWN_OPERATION,
+        Code.FORBIDDEN,
+        Code.INVALID_INPUT,
+        Code.UNKNOWN_CANDIDATE,
+    ),
     body="selection-request",
 )
 BIND = Route(
@@ -51,24 +59,25 @@ BIND = Route(
     refusals=(
         *_BODY,
         *_AUTH,
-        "unknown-operation",
-        "forbidden",
-        "invalid-input",
-        "not-bindable",
-        "session-not-terminated",
-        "unknown-candidate",
-        "candidate-expired",
-        "candidate-consumed",
-        "idempotency-conflict",
-        "transport-claimed",
+        Code.UNKNOWN_OPERATION,
+        Code.FORBIDDEN,
+        Code.INVALID_INPUT,
+        Code.NOT_BINDABLE,
+        Code.SESSION_NOT_TERMINATED,
+        Code.UNKNOWN_CANDIDATE,
+        Code.CANDIDATE_EXPIRED,
+        Code.CANDIDATE_CONSUMED,
+        Code.IDEMPOTENCY_CONFLICT,
+        Code.TRANSPORT_CLAIMED,
     ),
     body="binding-request",
 )
 BINDINGS = Route(oks=(Ok(200, ("binding-list",)),), refusals=_AUTH)
-FORGET = Route(oks=(Ok(204),), refusals=(*_AUTH, "unknown-binding"))
+FORGET = Route(oks=(Ok(204),), refusals=(*_AUTH, Code.UNKNOWN_BINDING))
 CATALOG = Route(oks=(Ok(200, ("catalog-summary",)),), refusals=_AUTH)
 REVOKE = Route(
-    oks=(Ok(200, ("principal-revocation",)),), refusals=(*_AUTH, "forbidden", "not-found", "invalid-input")
+    oks=(Ok(200, ("principal-revocation",)),),
+    refusals=(*_AUTH, Code.FORBIDDEN, Code.NOT_FOUND, Code.INVALID_INPUT),
 )
 
 

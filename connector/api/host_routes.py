@@ -12,11 +12,12 @@ from starlette.responses import Response
 from connector.api.errors import bearer_token, parse_json_body, to_response
 from connector.api.openapi import ADMISSION_REFUSALS, Ok, Route, declare
 from connector.core.operator_rows import CURSOR_PATTERN, DEFAULT_PAGE, MAX_PAGE
+from connector.errors import Code
 from connector.host.service import HostService
 
-_AUTH = ("unauthenticated", "internal")
+_AUTH = (Code.UNAUTHENTICATED, Code.INTERNAL)
 _STATUS_BODIES = ("deferred-operation-status.v1", "deferred-operation-status.v2")
-_OPERATOR = (*_AUTH, "forbidden")
+_OPERATOR = (*_AUTH, Code.FORBIDDEN)
 ADMIT = Route(
     oks=(
         Ok(200, ("sensorium-directive-result.v1",), description="the result of a sync directive"),
@@ -32,16 +33,16 @@ ADMIT = Route(
 )
 STATUS = Route(
     oks=(Ok(200, _STATUS_BODIES, description="the live status with the host's policy fields"),),
-    refusals=(*_AUTH, "unknown-operation", "invalid-input"),
+    refusals=(*_AUTH, Code.UNKNOWN_OPERATION, Code.INVALID_INPUT),
 )
-CANCEL = Route(oks=(Ok(200, _STATUS_BODIES),), refusals=(*_AUTH, "unknown-operation", "not-cancelable"))
-OPERATOR_LIST = Route(oks=(Ok(200, ("operator-operation-list",)),), refusals=(*_OPERATOR, "invalid-input"))
+CANCEL = Route(oks=(Ok(200, _STATUS_BODIES),), refusals=(*_AUTH, Code.UNKNOWN_OPERATION, Code.NOT_CANCELABLE))
+OPERATOR_LIST = Route(oks=(Ok(200, ("operator-operation-list",)),), refusals=(*_OPERATOR, Code.INVALID_INPUT))
 OPERATOR_DETAIL = Route(
-    oks=(Ok(200, ("operator-operation-detail",)),), refusals=(*_OPERATOR, "unknown-operation")
+    oks=(Ok(200, ("operator-operation-detail",)),), refusals=(*_OPERATOR, Code.UNKNOWN_OPERATION)
 )
 OPERATOR_CANCEL = Route(
     oks=(Ok(200, ("operator-operation-detail",)),),
-    refusals=(*_OPERATOR, "unknown-operation", "not-cancelable"),
+    refusals=(*_OPERATOR, Code.UNKNOWN_OPERATION, Code.NOT_CANCELABLE),
 )
 _STATUSES = ["pending", "running", "completed", "failed", "timed-out", "cancelled", "expired", "unknown"]
 

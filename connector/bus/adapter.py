@@ -46,7 +46,6 @@ from connector.bus.messages import (
     StartRequest,
     Subjects,
     bearer_token,
-    cancel_changed,
     cancel_reply,
     done_message,
     encode,
@@ -57,6 +56,7 @@ from connector.bus.messages import (
     peek_op,
     record_state,
     refusal,
+    refusal_reply,
     state_reply,
     status_state,
     unknown_reply,
@@ -75,7 +75,7 @@ from connector.core import authority
 from connector.core.admission import Identified
 from connector.core.clock import wall_clock
 from connector.core.lifecycle import TERMINAL_STATUSES, BusState, Status, is_terminal
-from connector.errors import AdmissionError, SensoriumError
+from connector.errors import AdmissionError, Code, SensoriumError
 from connector.host.service import Cancelled
 from connector.service.answers import Accepted, Done, public_refusal
 from connector.storage.announcements import AnnouncementStore
@@ -355,7 +355,7 @@ class BusAdapter:
             reply = refuse(msg.data, error)
         except Exception as error:  # never let one request take the adapter down; never log data
             _log.error("bus request failed with %s", type(error).__name__)
-            reply = refuse(msg.data, SensoriumError("internal error", code="internal"))
+            reply = refuse(msg.data, SensoriumError("internal error", code=Code.INTERNAL))
         with contextlib.suppress(NatsError):  # the broker went away: the caller retries or catches up
             await msg.respond(reply if isinstance(reply, bytes) else encode(reply))
 
@@ -434,7 +434,7 @@ class BusAdapter:
         # (an HTTP idempotency key equal to it derives the same id).
         another_action = existing.capability_id != identified.action.action_id
         if another_action or (request.op is not None and existing.bus_op != request.op):
-            error = AdmissionError("this op handle names another operation", code="idempotency-conflict")
+            error = AdmissionError("this op handle names another operation", code=Code.IDEMPOTENCY_CONFLICT)
             return refusal(op, error, state=state)
         if is_terminal(Status(existing.status)) and self._may_see(principal, existing):
             # A finished operation is not admitted again (a restart forgot its scan fingerprint).
@@ -462,7 +462,7 @@ class BusAdapter:
         if record is None:
             # Only a deferred operation belongs on the Bus; a sync answer here would be a host bug.
             _log.error("bus start admitted without a durable record")
-            raise SensoriumError("internal error", code="internal")
+            raise SensoriumError("internal error", code=Code.INTERNAL)
         op = request.op or record.operation_id
         return state_reply(op, record_state(record)[0])
 
@@ -494,13 +494,8 @@ class BusAdapter:
             try:
                 cancelled = await self._host.cancel_visible(record)
             except SensoriumError as error:
-                if error.code == "unknown-operation":
-                    return unknown_reply(op)
-                return refusal(op, public_refusal(error), state=record_state(record)[0])
-        after = cancelled.answer.document
-        # R2 merge: `cancelled.reached` becomes the runtime's `changed`, and `cancel_changed` goes.
-        changed = cancel_changed(was_live_unrequested=cancelled.reached, after=after)
-        return cancel_reply(op, cancelled=changed, state=status_state(after))
+                return refusal_reply(op, public_refusal(error), state=record_state(record)[0])
+        return cancel_reply(op, cancelled=cancelled.changed, state=status_state(cancelled.answer.document))
 
     async def _visible(self, principal: authority.Principal, op: str) -> DurableRecord | None:
         """The principal's own retained operation under this handle (or operation id), if its grant holds."""

@@ -38,7 +38,6 @@ from connector.errors import CODES, BusAnswer, Code, SensoriumError
 DEFAULT_SERVICE: Final = "sensorium-os"
 DEFAULT_RETENTION_SECONDS: Final = 7 * 24 * 3600
 LOST_BY_HOST: Final = Code.UNKNOWN_OPERATION
-CANCELLATION_UNCONFIRMED: Final = Code.CANCELLATION_UNCONFIRMED
 MAX_REQUEST_BYTES: Final = 65536
 
 _SERVICE = re.compile(r"[A-Za-z0-9_-]{1,64}(?:\.[A-Za-z0-9_-]{1,64}){0,3}")
@@ -333,18 +332,6 @@ def refusal_reply(
     if bus_answer(error.code) is BusAnswer.UNKNOWN:
         return unknown_reply(op)
     return refusal(op, error, state=state)
-
-
-def cancel_changed(*, was_live_unrequested: bool, after: Mapping[str, Any]) -> bool:
-    """Whether a cancel changed anything: it reached live work not already asked to stop, and took hold."""
-    if not was_live_unrequested:
-        return False
-    status = Status(after["status"])
-    if not is_terminal(status) or status is Status.CANCELLED or "cancellation" in after:
-        return True
-    # The work ended on its own before the request took hold (completed, failed for another reason).
-    error = after.get("error")
-    return isinstance(error, Mapping) and error.get("code") == CANCELLATION_UNCONFIRMED
 
 
 def encode(document: Mapping[str, Any]) -> bytes:

@@ -237,7 +237,7 @@ def identify(
     action = find_action(catalog.actions, checked["action_id"])
     if operations_only and checked["timing"].get("mode") == "sync":
         raise AdmissionError(
-            "the Bus starts operations: send timing.mode async", code="execution-mode-not-supported"
+            "the Bus starts operations: send timing.mode async", code=Code.EXECUTION_MODE_NOT_SUPPORTED
         )
     key = op_key if op_key is not None else checked.get("idempotency_key")
     keyed_id = None if key is None else keyed_operation_id(principal.principal_id, action.action_id, key)

@@ -10,7 +10,9 @@ import math
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from datetime import datetime, timedelta
+from typing import Any
 
+from connector.contract.canonical import canonical_bytes
 from connector.contract.catalog_models import DeferredProfileModel
 from connector.errors import Code, SensoriumError
 
@@ -89,9 +91,9 @@ class DeferredHostPolicy:
             ttl = min(ttl, hint)
         return _floor_ms(now + ttl)
 
-    def response_fits(self, size_bytes: int) -> bool:
-        """True when a status of this many bytes may be sent."""
-        return size_bytes <= self.max_response_bytes
+    def status_fits(self, document: Mapping[str, Any]) -> bool:
+        """True when a status may be sent: its canonical JSON (RFC 8785) is within `max_response_bytes`."""
+        return len(canonical_bytes(dict(document))) <= self.max_response_bytes
 
     def attempts_exhausted(self, attempts: int) -> bool:
         """True when `attempts` polls used up `max_attempts` (the operation then ends `expired`)."""

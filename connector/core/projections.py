@@ -47,6 +47,7 @@ ERROR_MESSAGES: Final[Mapping[str, str]] = {
     Code.RESPONSE_TOO_LARGE: "the status exceeded the response size limit",
     Code.DEADLINE_EXCEEDED: "the operation did not finish before its deadline",
 }
+UNLISTED_MESSAGE: Final = "the operation did not complete"
 DEFAULT_ERROR_CODE: Final[Mapping[str, str]] = {
     "failed": Code.PROVIDER_FAILURE,
     "timed-out": Code.DEADLINE_EXCEEDED,
@@ -128,10 +129,16 @@ def _result(view: SessionView) -> dict[str, Any]:
     return result
 
 
+def coded(
+    code: str, *, message: str | None = None, messages: Mapping[str, str] = ERROR_MESSAGES
+) -> dict[str, str]:
+    """A status's `{code, message}` (its `error` or one diagnostic): `message`, else the code's fixed text in
+    `messages` (never an input or device value)."""
+    return {"code": code, "message": message or messages.get(code, UNLISTED_MESSAGE)}
+
+
 def _error(view: SessionView) -> dict[str, str]:
-    code = view.error_code or DEFAULT_ERROR_CODE[view.status]
-    message = view.error_detail or ERROR_MESSAGES.get(code, "the operation did not complete")
-    return {"code": code, "message": message}
+    return coded(view.error_code or DEFAULT_ERROR_CODE[view.status], message=view.error_detail)
 
 
 def _cancellation(view: SessionView) -> dict[str, Any] | None:
@@ -253,9 +260,7 @@ def status_from_durable(
         if "erased_at" in metadata:
             status["result"]["erased_at"] = metadata["erased_at"]
     if state in ERROR_STATUSES:
-        code = metadata.get("error_code") or DEFAULT_ERROR_CODE[state]
-        message = ERROR_MESSAGES.get(code, "the operation did not complete")
-        status["error"] = {"code": code, "message": message}
+        status["error"] = coded(metadata.get("error_code") or DEFAULT_ERROR_CODE[state])
     if "cancellation" in metadata:
         status["cancellation"] = dict(metadata["cancellation"])
     status["cleanup"] = dict(metadata["cleanup"])

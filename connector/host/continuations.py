@@ -28,7 +28,7 @@ from typing import Any, Literal, Protocol
 from connector.contract.validate import validate
 from connector.core.authority import Principal
 from connector.core.lifecycle import Status, is_terminal
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 from connector.host.metrics import HostMetrics
 from connector.service.answers import Accepted, Done, public_refusal
 from connector.storage.registry import DeferredRegistry, OperationRecord
@@ -36,9 +36,6 @@ from connector.storage.registry import DeferredRegistry, OperationRecord
 _log = logging.getLogger(__name__)
 
 CONTINUATION_SCHEMA = "orbiplex-continuation.v1"
-DEFERRED_OPERATION = "deferred-operation"
-DEFERRED_NOT_ACCEPTED = "deferred-not-accepted"
-RESULT_UNAVAILABLE = "result-unavailable"
 
 
 class DeferredResponseMode(StrEnum):
@@ -82,8 +79,8 @@ def check_continuation(continuation: Any, operation_id: str) -> None:
     if not problems and continuation.get("deferred_operation_id") != operation_id:
         problems = ["/deferred_operation_id: operation-mismatch"]
     if problems:
-        diagnostics = [{"code": "invalid-input", "message": p} for p in problems[:16]]
-        raise SensoriumError("the continuation was refused", code="invalid-input", diagnostics=diagnostics)
+        diagnostics = [{"code": Code.INVALID_INPUT, "message": p} for p in problems[:16]]
+        raise SensoriumError("the continuation was refused", code=Code.INVALID_INPUT, diagnostics=diagnostics)
 
 
 def bind_result(continuation: Mapping[str, Any], result: Any) -> dict[str, Any]:
@@ -94,7 +91,7 @@ def bind_result(continuation: Mapping[str, Any], result: Any) -> dict[str, Any]:
     return {**continuation, "context": context}
 
 
-def deferred_diagnostic(record: OperationRecord, code: str = DEFERRED_OPERATION) -> dict[str, Any]:
+def deferred_diagnostic(record: OperationRecord, code: str = Code.DEFERRED_OPERATION) -> dict[str, Any]:
     """The diagnostic a flow fails with when its deferred operation did not complete."""
     diagnostic: dict[str, Any] = {
         "code": code,
@@ -110,13 +107,13 @@ def deferred_diagnostic(record: OperationRecord, code: str = DEFERRED_OPERATION)
 def _status_outcome(body: Mapping[str, Any], mode: DeferredResponseMode) -> StepOutcome:
     status = str(body.get("status"))
     if status not in set(Status):
-        return StepOutcome("failed", diagnostic={"code": "internal", "message": "an unreadable answer"})
+        return StepOutcome("failed", diagnostic={"code": Code.INTERNAL, "message": "an unreadable answer"})
     if status == Status.COMPLETED:
         return StepOutcome("completed", body.get("result"))
     if is_terminal(Status(status)):
         code = (body.get("error") or {}).get("code")
         diagnostic: dict[str, Any] = {
-            "code": DEFERRED_OPERATION,
+            "code": Code.DEFERRED_OPERATION,
             "message": f"the deferred operation ended {status}",
             "operation/id": body.get("operation/id"),
             "status": status,
@@ -129,7 +126,8 @@ def _status_outcome(body: Mapping[str, Any], mode: DeferredResponseMode) -> Step
 
 def _deferred(body: Mapping[str, Any], mode: DeferredResponseMode) -> StepOutcome:
     if mode is DeferredResponseMode.REJECT_AS_FAILURE:
-        diagnostic = {"code": DEFERRED_NOT_ACCEPTED, "message": "this flow does not accept deferred outcomes"}
+        refused = "this flow does not accept deferred outcomes"
+        diagnostic = {"code": Code.DEFERRED_NOT_ACCEPTED, "message": refused}
         return StepOutcome("failed", diagnostic=diagnostic | {"operation/id": body.get("operation/id")})
     return StepOutcome("deferred", body)
 
@@ -138,7 +136,7 @@ def classify_outcome(body: Mapping[str, Any] | None, mode: DeferredResponseMode)
     """What a step's answer means for the flow under its `deferred_response_mode` (pure)."""
     schema = (body or {}).get("schema")
     if body is None or schema == "sensorium-error.v1":
-        code = (body or {}).get("code", "internal")
+        code = (body or {}).get("code", Code.INTERNAL)
         return StepOutcome("failed", diagnostic={"code": code, "message": "the capability refused the call"})
     if schema == "sensorium-directive-result.v1":
         if body.get("status") == "completed":
@@ -213,7 +211,7 @@ class ContinuationStore:
             return Resumption(record.operation_id, record.status, continuation, deferred_diagnostic(record))
         result = await self._fetch_result(record)
         if result is None:
-            diagnostic = deferred_diagnostic(record, RESULT_UNAVAILABLE)
+            diagnostic = deferred_diagnostic(record, Code.RESULT_UNAVAILABLE)
             return Resumption(record.operation_id, record.status, continuation, diagnostic)
         return Resumption(record.operation_id, record.status, bind_result(continuation, result))
 

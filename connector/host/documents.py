@@ -19,25 +19,28 @@ from datetime import datetime
 from types import MappingProxyType
 from typing import Any, Final
 
+from connector.core import projections
 from connector.core.clock import format_time
+from connector.core.endings import DEADLINE_EXCEEDED
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import Status, is_terminal
 from connector.core.operator_rows import error_code_of, follow_status, operator_columns
 from connector.core.projections import ERROR_MESSAGES
+from connector.errors import Code
 from connector.runtime.operations import Kind
 from connector.storage.registry import HistoryEvent, OperationRecord
 
 OWNER_MODULE_ID: Final = "sensorium-os"
 HOST_OPERATIONS: Final = "/v1/host/operations"
 OUTCOME_REF_PREFIX: Final = "outcome:"
-RESPONSE_TOO_LARGE: Final = "response-too-large"
-DEADLINE_EXCEEDED: Final = "deadline-exceeded"
 _ERROR_STATUSES: Final = frozenset({"failed", "timed-out", "expired"})
 _MESSAGES: Final[Mapping[str, str]] = {
     **ERROR_MESSAGES,
-    "command-failed": "the command failed or its output could not be read",
-    "internal": "the host could not complete the operation",
+    Code.COMMAND_FAILED: "the command failed or its output could not be read",
+    Code.INTERNAL: "the host could not complete the operation",
 }
+_FORGOTTEN: Final = "the connector no longer knows this operation"
+_RESULT_GONE: Final = "the connector no longer holds this result"
 _STATUS_CODE = re.compile(r"^[a-z][a-z0-9-]{0,63}$")
 
 @dataclass(frozen=True, slots=True)
@@ -98,9 +101,9 @@ def outcome_ref(operation_id: str) -> str:
     return f"{OUTCOME_REF_PREFIX}{operation_id}:1"
 
 
-def error_message(code: str) -> str:
-    """The fixed text a caller reads for a terminal error code."""
-    return _MESSAGES.get(code, "the operation did not complete")
+def coded(code: str, message: str | None = None) -> dict[str, str]:
+    """An `error` or a diagnostic the host builds: `message`, else the fixed text of the code."""
+    return projections.coded(code, message=message, messages=_MESSAGES)
 
 
 def deferred_handle(
@@ -151,7 +154,7 @@ def concluded_metadata(
         if rules.error_code_field:
             concluded["error_code"] = error_code
         else:
-            concluded["error"] = {"code": error_code, "message": error_message(error_code)}
+            concluded["error"] = coded(error_code)
     return concluded
 
 
@@ -175,7 +178,7 @@ def _error_code(record: OperationRecord) -> str:
     found = error_code_of(record.metadata) or record.last_error
     if isinstance(found, str) and _STATUS_CODE.match(found):
         return found
-    return DEADLINE_EXCEEDED if record.status in ("timed-out", "expired") else "provider-failure"
+    return DEADLINE_EXCEEDED if record.status in ("timed-out", "expired") else Code.PROVIDER_FAILURE
 
 
 def record_document(
@@ -198,18 +201,13 @@ def record_document(
     if record.attempts >= 1:
         document["attempt_no"] = record.attempts
     if record.status in _ERROR_STATUSES:
-        code = _error_code(record)
-        document["error"] = {"code": code, "message": error_message(code)}
+        document["error"] = coded(_error_code(record))
     if record.status == "unknown":
-        document["diagnostics"].append(
-            {"code": "unknown-operation", "message": "the connector no longer knows this operation"}
-        )
+        document["diagnostics"].append(coded(Code.UNKNOWN_OPERATION, _FORGOTTEN))
     if version == 2:
         _discovery_parts(document, record)
     elif record.status == "completed":
-        document["diagnostics"].append(
-            {"code": "result-unavailable", "message": "the connector no longer holds this result"}
-        )
+        document["diagnostics"].append(coded(Code.RESULT_UNAVAILABLE, _RESULT_GONE))
     if record.causal_context is not None:
         document["causal/context"] = dict(record.causal_context)
     return document
@@ -234,9 +232,7 @@ def _discovery_parts(document: dict[str, Any], record: OperationRecord) -> None:
             "candidates": [],
             "erased_at": erased,
         }
-        document["diagnostics"].append(
-            {"code": "result-erased", "message": "the connector no longer holds this result"}
-        )
+        document["diagnostics"].append(coded(Code.RESULT_ERASED, _RESULT_GONE))
 
 
 def durable_view(record: OperationRecord) -> dict[str, Any]:

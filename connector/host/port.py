@@ -60,8 +60,9 @@ class ConnectorPort(Protocol):
     ) -> dict[str, Any] | None:
         """The caller-private status (v2 with the snapshot for discovery); None when unknown."""
 
-    async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
-        """Request cancellation; the caller-private status after the request (None when unknown)."""
+    async def cancel(self, operation_id: str, kind: Kind) -> tuple[bool, dict[str, Any]] | None:
+        """Request cancellation: whether it changed anything, and the caller-private status after it (None
+        when unknown)."""
 
     async def stop(self, operation_id: str, kind: Kind, error_code: str) -> None:
         """End the work because the host ended the operation (expiry, response too large)."""
@@ -120,10 +121,9 @@ class InProcessConnector:
             operation_id, kind, wait_seconds=wait_seconds, after_revision=after_revision
         )
 
-    async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
+    async def cancel(self, operation_id: str, kind: Kind) -> tuple[bool, dict[str, Any]] | None:
         """Discovery: the cancel is recorded and the stop begins; commands: waits for the confirmed end."""
-        cancelled = await self.service.request_cancel(operation_id, kind)
-        return None if cancelled is None else cancelled[1]
+        return await self.service.request_cancel(operation_id, kind)
 
     async def stop(self, operation_id: str, kind: Kind, error_code: str) -> None:
         """Discovery: terminate the session (cleanup per CONTRACT §6.7); commands: cancel cancelable work."""

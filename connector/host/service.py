@@ -30,7 +30,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 from typing import Any
 
-from connector.contract.canonical import canonical_bytes, sha256_hex
+from connector.contract.canonical import sha256_hex
 from connector.core import authority
 from connector.core.admission import Identified, caller_deadline
 from connector.core.clock import from_ms, wall_clock
@@ -47,10 +47,10 @@ from connector.core.operator_rows import (
     operator_page,
 )
 from connector.core.policy import DeferredHostPolicy
-from connector.errors import SensoriumError, unknown_operation
+from connector.errors import Code, SensoriumError, unknown_operation
 from connector.host import documents
 from connector.host.continuations import ContinuationStore
-from connector.host.documents import DEADLINE_EXCEEDED, RESPONSE_TOO_LARGE, kind_of, rules_of
+from connector.host.documents import kind_of, rules_of
 from connector.host.metrics import HostMetrics
 from connector.host.port import ActionInfo, ConnectorPort, InProcessConnector
 from connector.host.receipts import record_receipt
@@ -67,9 +67,9 @@ Spawn = Callable[[Callable[[], Awaitable[None]]], None]
 
 @dataclass(frozen=True, slots=True)
 class Cancelled:
-    """What a cancel answered: the status after it, and whether it reached live work not yet asked to stop."""
+    """What a cancel answered: whether it changed anything, and the status after it."""
 
-    reached: bool
+    changed: bool
     answer: Done
 
 
@@ -162,7 +162,7 @@ class HostService:
             inserted = await self.registry.record_accepted(record)
         except Exception:
             # No durable row, no work: the connector is told to stop before the refusal leaves.
-            await self.port.stop(op_id, kind_of(record), "internal")
+            await self.port.stop(op_id, kind_of(record), Code.INTERNAL)
             raise
         if not inserted:
             known = await self.registry.get(op_id)
@@ -235,7 +235,7 @@ class HostService:
     def _action(self, action_id: str) -> ActionInfo:
         action = self.port.action(action_id)
         if action is None:
-            raise SensoriumError("the action left the catalog", code="internal")
+            raise SensoriumError("the action left the catalog", code=Code.INTERNAL)
         return action
 
     # ---- the owning caller ---------------------------------------------------------------------------------
@@ -257,31 +257,21 @@ class HostService:
 
     async def cancel(self, principal: authority.Principal, op_id: str) -> Done:
         """POST /v1/host/operations/{id}/cancel: bridged only where the handle has a `cancel_href`."""
-        return (await self._cancel(await self._visible(principal, op_id), probe=False)).answer
+        return (await self.cancel_visible(await self._visible(principal, op_id))).answer
 
     async def cancel_visible(self, record: OperationRecord) -> Cancelled:
         """The cancel of a row its caller may see (checked by the edge that found it, e.g. the Bus by its
-        handle): the status after the request, and whether the request reached live, unstopped work."""
-        return await self._cancel(record, probe=True)
-
-    async def _cancel(self, record: OperationRecord, *, probe: bool) -> Cancelled:
+        handle): the status after the request, and whether the request changed anything (the runtime's)."""
         op_id, kind = record.operation_id, kind_of(record)
         if record.terminal:
             document = await self.port.caller_status(op_id, kind, wait_seconds=None, after_revision=None)
             return Cancelled(False, Done(await self._answer(record, document)))
         _require_cancelable(record)
-        # R2 merge: `reached` becomes the `changed` of the runtime's `cancel -> (changed, status)`; until
-        # then it is probed before the request.
-        reached = probe and await self._live_unrequested(op_id, kind)
-        document = await self.port.cancel(op_id, kind)
-        return Cancelled(reached, Done(await self._answer(record, document)))
-
-    async def _live_unrequested(self, op_id: str, kind: Kind) -> bool:
-        """Before a cancel: is the work still live and not yet asked to stop? (asked of the connector)"""
-        observed = await self.port.observe(op_id, kind)
-        if observed is None:
-            return False
-        return not is_terminal(Status(observed.status)) and "cancellation" not in observed.metadata
+        cancelled = await self.port.cancel(op_id, kind)
+        if cancelled is None:
+            return Cancelled(False, Done(await self._answer(record, None)))
+        changed, document = cancelled
+        return Cancelled(changed, Done(await self._answer(record, document)))
 
     async def _visible(self, principal: authority.Principal, op_id: str) -> OperationRecord:
         record = await self.registry.get(op_id)
@@ -303,7 +293,7 @@ class HostService:
             return documents.record_document(record)
         if not record.terminal and not is_terminal(status) and now >= record.expires_at:
             return documents.record_document(await self._expire(record, record.metadata, now))
-        if not self.policy.response_fits(len(canonical_bytes(dict(document)))):
+        if not self.policy.status_fits(document):
             return await self._too_large(record, now)
         observed = await self.port.observe(record.operation_id, kind_of(record))
         retry = None if is_terminal(status) else self._retry(record, document.get("retry_after_seconds"))
@@ -311,11 +301,10 @@ class HostService:
         return documents.with_policy_fields(document, record, retry)
 
     async def _too_large(self, record: OperationRecord, now: datetime) -> dict[str, Any]:
-        diagnostic = {"code": RESPONSE_TOO_LARGE, "message": documents.error_message(RESPONSE_TOO_LARGE)}
         if record.terminal:
-            return documents.record_document(record, diagnostics=[diagnostic])
-        await self.port.stop(record.operation_id, kind_of(record), RESPONSE_TOO_LARGE)
-        record = await self._conclude(record, Status.FAILED, RESPONSE_TOO_LARGE, now)
+            return documents.record_document(record, diagnostics=[documents.coded(Code.RESPONSE_TOO_LARGE)])
+        await self.port.stop(record.operation_id, kind_of(record), Code.RESPONSE_TOO_LARGE)
+        record = await self._conclude(record, Status.FAILED, Code.RESPONSE_TOO_LARGE, now)
         return documents.record_document(record)
 
     # ---- polling (the poller and operators) ----------------------------------------------------------------
@@ -352,8 +341,9 @@ class HostService:
             return await self._conclude(record, Status.UNKNOWN, None, now, attempts=attempts)
         if is_terminal(Status(observed.status)):
             document = observed.document
-            if document is not None and not self.policy.response_fits(len(canonical_bytes(dict(document)))):
-                return await self._conclude(record, Status.FAILED, RESPONSE_TOO_LARGE, now, attempts=attempts)
+            if document is not None and not self.policy.status_fits(document):
+                too_large = Code.RESPONSE_TOO_LARGE
+                return await self._conclude(record, Status.FAILED, too_large, now, attempts=attempts)
             return await self._record(record, observed, now, None, attempts=attempts)
         polls = record.attempts if attempts is None else attempts
         if now >= record.expires_at or self.policy.attempts_exhausted(polls):
@@ -373,7 +363,7 @@ class HostService:
             retry_after_seconds=retry,
             next_poll_at=self._next_poll(record, now, retry),
             attempts=attempts,
-            last_error="internal",
+            last_error=Code.INTERNAL,
         )
 
     async def _record(
@@ -412,9 +402,9 @@ class HostService:
     ) -> OperationRecord:
         """End `expired` and tell the connector to stop the work (in the background when possible)."""
         self.metrics.expirations.inc()
-        await self._stop_work(record.operation_id, kind_of(record), DEADLINE_EXCEEDED)
+        await self._stop_work(record.operation_id, kind_of(record), Code.DEADLINE_EXCEEDED)
         fresh = record if metadata is record.metadata else _with_metadata(record, metadata)
-        return await self._conclude(fresh, Status.EXPIRED, DEADLINE_EXCEEDED, now, attempts=attempts)
+        return await self._conclude(fresh, Status.EXPIRED, Code.DEADLINE_EXCEEDED, now, attempts=attempts)
 
     async def _stop_work(self, op_id: str, kind: Kind, code: str) -> None:
         if documents.KIND_RULES[kind].stop_waits and self.spawn is not None:
@@ -492,7 +482,7 @@ class HostService:
         for record in open_rows:
             if rules_of(record).survives_restart:
                 ended = await self.poll(record, now)
-                if ended.last_error == "interrupted-by-restart":
+                if ended.last_error == Code.INTERRUPTED_BY_RESTART:
                     mirrored.append(ended)
         self.interrupted = [*marked, *mirrored]
         await self.continuations.settle_pending()
@@ -628,15 +618,15 @@ def _invalid_query(name: str, rule: str) -> SensoriumError:
     """422 `invalid-input` naming the query parameter that failed (never its value)."""
     return SensoriumError(
         f"invalid query parameter {name}",
-        code="invalid-input",
-        diagnostics=[{"code": "invalid-input", "message": f"/{name}: {rule}"}],
+        code=Code.INVALID_INPUT,
+        diagnostics=[{"code": Code.INVALID_INPUT, "message": f"/{name}: {rule}"}],
     )
 
 
 def _require_cancelable(record: OperationRecord) -> None:
     if not record.cancelable:
         reason = record.cancel_unavailable_reason or "this operation cannot be cancelled"
-        raise SensoriumError(reason, code="not-cancelable")
+        raise SensoriumError(reason, code=Code.NOT_CANCELABLE)
 
 
 def _with_metadata(record: OperationRecord, metadata: Mapping[str, Any]) -> OperationRecord:

@@ -12,7 +12,7 @@ import math
 from dataclasses import dataclass
 
 from connector.contract.transports import Transport
-from connector.errors import AdmissionError
+from connector.errors import AdmissionError, Code
 
 DEFAULT_ADAPTER = "default"
 
@@ -67,7 +67,7 @@ class ClaimRegistry:
         if self._uncertain.get(key) or (not concurrent and self._blocking.get(key)):
             raise AdmissionError(
                 "the transport is claimed by another scan",
-                code="transport-claimed",
+                code=Code.TRANSPORT_CLAIMED,
                 retry_after_seconds=self.retry_after_seconds(key, now_ms),
             )
         if concurrent:

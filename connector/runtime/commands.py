@@ -46,19 +46,15 @@ from connector.core import projections
 from connector.core.admission import AdmittedCommand, check_execution_mode
 from connector.core.clock import format_time, from_ms
 from connector.core.commands import CommandAction, check_command_input
+from connector.core.endings import CANCELLATION_UNCONFIRMED, CLEANUP_UNCONFIRMED, DEADLINE_EXCEEDED
 from connector.core.ids import OPERATION_KIND
 from connector.core.lifecycle import INTERRUPTED_BY_RESTART, Status, check_transition, is_terminal
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 from connector.runtime.operations import Kind, Observed
 from connector.storage.state import CommandOperation, Mode
 from connector.timer import WALL_TIMER, Timer, scope_after
 
 PYTHON_ALIAS = "python3"
-COMMAND_FAILED = "command-failed"
-DEADLINE_EXCEEDED = "deadline-exceeded"
-RESPONSE_TOO_LARGE = "response-too-large"
-CANCELLATION_UNCONFIRMED = "cancellation-unconfirmed"
-CLEANUP_UNCONFIRMED = "cleanup-unconfirmed"
 NOT_CANCELABLE_REASON = "this action's command cannot be interrupted once started"
 DEFAULT_TTL_SECONDS = 900
 DEFAULT_MAX_OUTPUT_BYTES = 262144
@@ -67,9 +63,9 @@ _log = logging.getLogger(__name__)
 
 # Fixed messages per terminal code: the database holds codes only, and no message ever echoes I/O.
 _ERROR_MESSAGES: Mapping[str, str] = {
-    COMMAND_FAILED: "the command failed or its output could not be read",
+    Code.COMMAND_FAILED: "the command failed or its output could not be read",
     DEADLINE_EXCEEDED: "the command did not finish within its time budget",
-    RESPONSE_TOO_LARGE: "the command's output exceeded the size bound",
+    Code.RESPONSE_TOO_LARGE: "the command's output exceeded the size bound",
     CANCELLATION_UNCONFIRMED: "the command's termination after cancel could not be confirmed",
     CLEANUP_UNCONFIRMED: "the command's termination could not be confirmed",
     INTERRUPTED_BY_RESTART: "the connector stopped while the work was pending or running",
@@ -160,8 +156,15 @@ def deferred_handle(operation: CommandOperation, action: CommandAction) -> dict[
 
 def _error(operation: CommandOperation) -> dict[str, str]:
     """`error` of a terminal, non-completed operation: its code (or status) and a fixed message."""
-    code = operation.error_code or operation.status
-    return {"code": code, "message": _ERROR_MESSAGES.get(code, "the operation did not complete")}
+    return projections.coded(operation.error_code or operation.status, messages=_ERROR_MESSAGES)
+
+
+def _ended_by_cancel(operation: CommandOperation) -> bool:
+    """Still live (the stop goes on), cancelled, or a cancel whose stop was not confirmed."""
+    status = Status(operation.status)
+    if not is_terminal(status) or status is Status.CANCELLED:
+        return True
+    return operation.error_code == CANCELLATION_UNCONFIRMED
 
 
 @dataclass(frozen=True, slots=True)
@@ -359,7 +362,7 @@ class CommandRunner:
         budget_ends_ms = self._timer.now_ms() + budget if mode == "sync" else None
         job = _Job(replace(action, timeout_ms=budget), stdin, budget_ends_ms=budget_ends_ms)
         if mode == "async" and self._task_group is None:
-            raise SensoriumError("the command runner is not started", code="internal")
+            raise SensoriumError("the command runner is not started", code=Code.INTERNAL)
         await self._state.insert_operation(operation)
         self._emit("admitted", operation)
         self._jobs[operation_id] = job
@@ -430,21 +433,23 @@ class CommandRunner:
         )
 
     async def cancel(self, operation_id: str) -> tuple[bool, dict[str, Any]] | None:
-        """Cancel and wait for the confirmed end: whether work was interrupted, and the status after it
-        (a terminal operation answers its unchanged status); `not-cancelable` for `cancel: none`."""
+        """Cancel and wait for the confirmed end: whether the request interrupted live work (not when it
+        ended on its own first), and the status after it (a terminal operation answers its unchanged
+        status); `not-cancelable` for `cancel: none`."""
         operation = await self._state.get_operation(operation_id)
         if operation is None:
             return None
         if is_terminal(Status(operation.status)):
             return False, self._document(operation)
         if not operation.cancelable:
-            raise SensoriumError(NOT_CANCELABLE_REASON, code="not-cancelable")
+            raise SensoriumError(NOT_CANCELABLE_REASON, code=Code.NOT_CANCELABLE)
         job = self._jobs.get(operation_id)
         if job is not None:
             job.request_cancel()
             with scope_after(self._timer, self._kill_after_ms * 2 + 5000):
                 await job.done.wait()
-        return job is not None, self._document(await self._require(operation_id))
+        after = await self._require(operation_id)
+        return job is not None and _ended_by_cancel(after), self._document(after)
 
     async def stop(self, operation_id: str, error_code: str) -> None:
         """Cancel cancelable work that has not ended (the runner records its own ending)."""
@@ -472,7 +477,7 @@ class CommandRunner:
             # One broken job must not take the runner down; only the error type is logged, never data.
             _log.error("command operation ended by an unexpected %s", type(error).__name__)
             with anyio.CancelScope(shield=True):
-                await self._abandon(operation.operation_id, job, error_code=COMMAND_FAILED)
+                await self._abandon(operation.operation_id, job, error_code=Code.COMMAND_FAILED)
             if operation.mode == "sync":
                 raise
         finally:
@@ -514,7 +519,7 @@ class CommandRunner:
                 start_new_session=True,
             )
         except OSError:
-            return _Outcome(Status.FAILED, error_code=COMMAND_FAILED)
+            return _Outcome(Status.FAILED, error_code=Code.COMMAND_FAILED)
         job.process = process
         budget_ends_ms = job.budget_ends_ms or self._timer.now_ms() + job.action.timeout_ms
         deadline_ms = min(budget_ends_ms, self._deadline_ms(operation.expires_at))
@@ -545,7 +550,7 @@ class CommandRunner:
         if not confirmed:
             return _Outcome(Status.FAILED, error_code=CLEANUP_UNCONFIRMED)
         if overflow:
-            return _Outcome(Status.FAILED, error_code=RESPONSE_TOO_LARGE)
+            return _Outcome(Status.FAILED, error_code=Code.RESPONSE_TOO_LARGE)
         if self._clock() >= operation.expires_at:
             return _Outcome(Status.EXPIRED)
         return _Outcome(Status.TIMED_OUT, error_code=DEADLINE_EXCEEDED)
@@ -597,7 +602,7 @@ class CommandRunner:
         """The stored row; `unknown-operation` when there is none."""
         operation = await self._state.get_operation(operation_id)
         if operation is None:
-            raise SensoriumError("unknown operation", code="unknown-operation")
+            raise SensoriumError("unknown operation", code=Code.UNKNOWN_OPERATION)
         return operation
 
     def _deadline_ms(self, moment: datetime) -> int:
@@ -622,11 +627,11 @@ def _ttl_seconds(action: CommandAction) -> int:
 def _judge(returncode: int, stdout: bytes) -> _Outcome:
     """A finished process: exit status, then stdout as JSON or as text."""
     if returncode != 0:
-        return _Outcome(Status.FAILED, error_code=COMMAND_FAILED)
+        return _Outcome(Status.FAILED, error_code=Code.COMMAND_FAILED)
     try:
         text = stdout.decode("utf-8")
     except UnicodeDecodeError:
-        return _Outcome(Status.FAILED, error_code=COMMAND_FAILED)
+        return _Outcome(Status.FAILED, error_code=Code.COMMAND_FAILED)
     try:
         value: Any = json.loads(text, parse_constant=_refuse_constant)
     except ValueError:

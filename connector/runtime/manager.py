@@ -31,7 +31,7 @@ from connector.core.lifecycle import INTERRUPTED_BY_RESTART, Status
 from connector.core.projections import caller_status_v2, disclosed_refs, durable_metadata
 from connector.core.scope import DiscoveryScope
 from connector.core.snapshot import CandidateTable
-from connector.errors import SensoriumError
+from connector.errors import Code, SensoriumError
 from connector.runtime.claims import ClaimRegistry, claim_key
 from connector.runtime.operations import Kind, Observed
 from connector.runtime.session import DiscoverySession, SessionListener
@@ -239,7 +239,7 @@ class DiscoveryManager:
 
     def _require_open(self) -> TaskGroup:
         if self._task_group is None or self._closing:
-            raise SensoriumError("the discovery runtime is not running", code="internal")
+            raise SensoriumError("the discovery runtime is not running", code=Code.INTERNAL)
         return self._task_group
 
     async def _run(self, session: DiscoverySession) -> None:
@@ -427,7 +427,7 @@ class DiscoveryManager:
             mine = session.spec.owner == owner and action_id in (None, session.spec.action_id)
             if not mine:
                 continue
-            if session.terminate("grant-revoked", erase=True):
+            if session.terminate(Code.GRANT_REVOKED, erase=True):
                 ended.append(session.spec.operation_id)
             elif session.status is Status.COMPLETED:
                 # A retained result is candidate data too: a revocation invalidates it at once.

@@ -68,7 +68,7 @@ from connector.core.session_state import (
 from connector.core.snapshot import CandidateTable
 from connector.errors import ProviderError, ProviderUnavailable
 from connector.runtime.claims import Claim
-from connector.timer import WALL_TIMER, Timer, WallTimer
+from connector.timer import WALL_TIMER, Timer
 from providers.base import Provider, ProviderSession, StartUnconfirmed, StopOutcome, stop_bound_ms
 
 logger = logging.getLogger(__name__)
@@ -106,26 +106,6 @@ class _Sink:
         self._session._feed(ProviderFailed(getattr(error, "code", PROVIDER_FAILURE)))
 
 
-class _ClockedWallTimer(WallTimer):
-    """Wall sleeps measured on a caller's clock (the manager's `clock=`, until it passes a timer)."""
-
-    def __init__(self, clock: Callable[[], int]) -> None:
-        self._clock = clock
-
-    def now_ms(self) -> int:
-        """Now, on the caller's clock."""
-        return self._clock()
-
-
-def _timer_of(timer: Timer, clock: Callable[[], int] | None) -> Timer:
-    """The timer to run on: `timer`, or one made of a legacy `clock=` (a Timer passed as clock is kept)."""
-    if clock is None:
-        return timer
-    if hasattr(clock, "now_ms") and hasattr(clock, "scope_until"):
-        return clock  # type: ignore[return-value]  # a Timer passed where a clock was taken
-    return _ClockedWallTimer(clock)
-
-
 class DiscoverySession:
     """One operation: its frozen state, its candidate table, and the runner `run()` that drives both."""
 
@@ -137,14 +117,13 @@ class DiscoverySession:
         table: CandidateTable,
         claim: Claim,
         timer: Timer = WALL_TIMER,
-        clock: Callable[[], int] | None = None,
         listener: SessionListener | None = None,
     ) -> None:
         self.spec = spec
         self.provider = provider
         self.table = table
         self.claim = claim
-        self._timer = _timer_of(timer, clock)
+        self._timer = timer
         self._state = initial_state(spec)
         self.disclosed: set[str] = set()
         self._provider_session: ProviderSession | None = None

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from connector.errors import HTTP_STATUS_BY_CODE, SensoriumError
+from connector.errors import HTTP_STATUS_BY_CODE, Code, SensoriumError
 
 _log = logging.getLogger("sensorium.service")
 
@@ -57,4 +57,4 @@ def public_refusal(error: SensoriumError) -> SensoriumError:
     if error.code in HTTP_STATUS_BY_CODE:
         return error
     _log.error("refusal with a code outside the error-code table answered as internal: %s", error.code)
-    return SensoriumError("internal error", code="internal")
+    return SensoriumError("internal error", code=Code.INTERNAL)

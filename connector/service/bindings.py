@@ -24,7 +24,7 @@ from connector.core.clock import to_ms
 from connector.core.endings import CleanupState
 from connector.core.ids import bind_replay_digest, opaque_id
 from connector.core.lifecycle import Status, is_terminal
-from connector.errors import AdmissionError, SensoriumError, unknown_operation
+from connector.errors import AdmissionError, Code, SensoriumError, unknown_operation
 from connector.runtime.manager import DiscoveryManager
 from connector.service.answers import Created, Done, Gone
 from connector.storage.state import Binding, ConnectorState
@@ -76,7 +76,7 @@ class Bindings:
         candidate_ref = _body_string(body, "candidate/ref", allowed={"candidate/ref"})
         session = self._discovery.session(op_id)
         if session is None or session.table.candidate_document(candidate_ref) is None:
-            raise SensoriumError("unknown candidate", code="unknown-candidate")
+            raise SensoriumError("unknown candidate", code=Code.UNKNOWN_CANDIDATE)
         self._selections.setdefault(op_id, set()).add(candidate_ref)
         return Done({"operation/id": op_id, "candidate/ref": candidate_ref, "selected": True})
 
@@ -120,12 +120,12 @@ class Bindings:
         document = session.table.candidate_document(candidate_ref)
         target = session.table.binding_target(candidate_ref)
         if document is None or target is None:
-            raise SensoriumError("unknown candidate", code="unknown-candidate")
+            raise SensoriumError("unknown candidate", code=Code.UNKNOWN_CANDIDATE)
         expires_ms = session.table.candidate_expires_at_ms(candidate_ref)
         if expires_ms is not None and expires_ms <= to_ms(now):
-            raise SensoriumError("the candidate expired", code="candidate-expired")
+            raise SensoriumError("the candidate expired", code=Code.CANDIDATE_EXPIRED)
         if candidate_ref in book.consumed:
-            raise SensoriumError("the candidate was already bound", code="candidate-consumed")
+            raise SensoriumError("the candidate was already bound", code=Code.CANDIDATE_CONSUMED)
         return document, target
 
     async def recorded(
@@ -154,18 +154,20 @@ class Bindings:
     async def _replay(self, earlier: _Bound, candidate_ref: str) -> Created:
         """The first answer again, unless the key was used for another candidate or the binding is gone."""
         if earlier.candidate_ref != candidate_ref:
-            raise SensoriumError("idempotency key reused for another candidate", code="idempotency-conflict")
+            raise SensoriumError(
+                "idempotency key reused for another candidate", code=Code.IDEMPOTENCY_CONFLICT
+            )
         if await self._state.get_binding(earlier.binding_id) is None:
-            raise SensoriumError("the candidate was already bound", code="candidate-consumed")
+            raise SensoriumError("the candidate was already bound", code=Code.CANDIDATE_CONSUMED)
         return earlier.answer
 
     async def forget(self, principal: authority.Principal, binding_id: str) -> Gone:
         """Erase a binding (the owner's own, or any for an operator) and its in-memory answer."""
         binding = await self._state.get_binding(binding_id)
         if binding is None or not authority.may_forget_binding(principal, binding.owner):
-            raise SensoriumError("unknown binding", code="unknown-binding")
+            raise SensoriumError("unknown binding", code=Code.UNKNOWN_BINDING)
         if not await self._state.delete_binding(binding_id):
-            raise SensoriumError("unknown binding", code="unknown-binding")  # a concurrent forget won
+            raise SensoriumError("unknown binding", code=Code.UNKNOWN_BINDING)  # a concurrent forget won
         located = self._bound_keys.pop(binding_id, None)
         book = None if located is None else self._books.get(located[0])
         if located is not None and book is not None:
@@ -191,11 +193,11 @@ class Bindings:
 def check_bindable(status: Status, termination_confirmed: bool) -> None:
     """Binding needs a completed session whose provider stop was acknowledged."""
     if is_terminal(status) and status is not Status.COMPLETED:
-        raise SensoriumError("this session is not bindable", code="not-bindable")
+        raise SensoriumError("this session is not bindable", code=Code.NOT_BINDABLE)
     if not termination_confirmed:
         raise SensoriumError(
             "the session has not terminated yet",
-            code="session-not-terminated",
+            code=Code.SESSION_NOT_TERMINATED,
             retry_after_seconds=BIND_RETRY_AFTER_SECONDS,
         )
 
@@ -203,7 +205,7 @@ def check_bindable(status: Status, termination_confirmed: bool) -> None:
 def refuse_erased(status: Status) -> NoReturn:
     """A session the runtime let go: not bindable unless it completed, and its candidates are gone."""
     check_bindable(status, True)
-    raise SensoriumError("unknown candidate", code="unknown-candidate")
+    raise SensoriumError("unknown candidate", code=Code.UNKNOWN_CANDIDATE)
 
 
 def bind_request(body: Any) -> tuple[str, str]:
@@ -219,15 +221,15 @@ def _body_string(body: Any, name: str, *, allowed: set[str]) -> str:
     if not isinstance(body, dict) or set(body) - allowed:
         raise AdmissionError(
             "the request body has unknown fields",
-            code="invalid-input",
-            diagnostics=[{"code": "invalid-input", "message": "/: closed-object"}],
+            code=Code.INVALID_INPUT,
+            diagnostics=[{"code": Code.INVALID_INPUT, "message": "/: closed-object"}],
         )
     value = body.get(name)
     if not isinstance(value, str) or not 1 <= len(value) <= 128:
         raise AdmissionError(
             "a required field is missing or malformed",
-            code="invalid-input",
-            diagnostics=[{"code": "invalid-input", "message": f"/{name}: required-string"}],
+            code=Code.INVALID_INPUT,
+            diagnostics=[{"code": Code.INVALID_INPUT, "message": f"/{name}: required-string"}],
         )
     return value
 

@@ -32,7 +32,7 @@ from connector.core.clock import to_ms, wall_clock
 from connector.core.lifecycle import Status
 from connector.core.policy import DeferredHostPolicy, clamp_wait
 from connector.core.projections import status_from_durable
-from connector.errors import AdmissionError, SensoriumError, unknown_operation
+from connector.errors import AdmissionError, Code, SensoriumError, unknown_operation
 from connector.runtime.commands import CommandRunner
 from connector.runtime.manager import DiscoveryManager, ScanAdmission
 from connector.runtime.operations import Kind, Observed, Operations
@@ -238,7 +238,7 @@ class ConnectorService:
             if admitted.refusal is not None:
                 raise admitted.refusal  # the first admission was refused: so is its repeat
             if admitted.failed:
-                raise SensoriumError("the first admission with this key failed", code="internal")
+                raise SensoriumError("the first admission with this key failed", code=Code.INTERNAL)
             return admitted.answer
         return await self._start_scan(plan)
 
@@ -247,11 +247,13 @@ class ConnectorService:
         sessions (`max_live_sessions`), counted and reserved in one synchronous step (no await between)."""
         if not self.policy.admits_another_operation(self._live_count[owner]):
             raise AdmissionError(
-                "too many operations for this principal", code="too-many-operations", retry_after_seconds=1
+                "too many operations for this principal", code=Code.TOO_MANY_OPERATIONS, retry_after_seconds=1
             )
         if transport is not None and not self.policy.admits_another_session(self._live_sessions[transport]):
             raise AdmissionError(
-                "too many live sessions on this transport", code="too-many-operations", retry_after_seconds=1
+                "too many live sessions on this transport",
+                code=Code.TOO_MANY_OPERATIONS,
+                retry_after_seconds=1,
             )
         self._live_owner[op_id] = owner
         self._live_count[owner] += 1
@@ -417,7 +419,7 @@ class ConnectorService:
         authority.require_grant(principal, ref.action_id, ref.transport)
         candidate_ref, key = bind_request(body)
         if not self.runtimes[ref.kind].bindable:
-            raise SensoriumError("this operation has no candidates to bind", code="not-bindable")
+            raise SensoriumError("this operation has no candidates to bind", code=Code.NOT_BINDABLE)
         if self.discovery.session(op_id) is None:
             recorded = await self.bindings.recorded(principal, op_id, candidate_ref, key)
             if recorded is not None:
@@ -447,8 +449,8 @@ class ConnectorService:
         try:
             return self.principals.revoke_now(principal_id, action_id)
         except SensoriumError as error:
-            if error.code in ("unknown-principal", "unknown-grant"):
-                raise SensoriumError("no such principal or grant", code="not-found") from None
+            if error.code in (Code.UNKNOWN_PRINCIPAL, Code.UNKNOWN_GRANT):
+                raise SensoriumError("no such principal or grant", code=Code.NOT_FOUND) from None
             raise
 
 

@@ -13,7 +13,6 @@ from connector.bus.messages import (
     LIFECYCLE_KEYS,
     Subjects,
     bearer_token,
-    cancel_changed,
     decode_reply,
     done_message,
     encode,
@@ -231,22 +230,6 @@ def test_refusal_shape_and_round_trip() -> None:
     for data in (b"{", b"[]", b'{"op": "x"}'):
         with pytest.raises(SensoriumError):
             decode_reply(data)
-
-
-@pytest.mark.parametrize(
-    ("live", "after", "changed"),
-    [
-        (False, {"status": "completed"}, False),
-        (False, {"status": "running", "cancellation": {"state": "requested"}}, False),
-        (True, {"status": "running", "cancellation": {"state": "requested"}}, True),
-        (True, {"status": "cancelled"}, True),
-        (True, {"status": "failed", "error": {"code": "cancellation-unconfirmed"}}, True),
-        (True, {"status": "completed"}, False),
-        (True, {"status": "failed", "error": {"code": "provider-failure"}}, False),
-    ],
-)
-def test_cancel_changed(live: bool, after: dict[str, Any], changed: bool) -> None:
-    assert cancel_changed(was_live_unrequested=live, after=after) is changed
 
 
 def test_status_enum_covers_every_registry_status() -> None:

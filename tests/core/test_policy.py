@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from connector.contract.canonical import canonical_bytes
 from connector.core.policy import DeferredHostPolicy, PolicyError, discovery_window_end
 from connector.errors import SensoriumError
 
@@ -232,10 +233,13 @@ def test_expires_at_only_narrows(
     assert got.microsecond % 1000 == 0
 
 
-def test_response_fits_attempts_and_room() -> None:
+def test_status_fits_attempts_and_room() -> None:
     policy = DeferredHostPolicy(max_response_bytes=100, max_attempts=3, max_operations_per_principal=2)
-    assert policy.response_fits(100)
-    assert not policy.response_fits(101)
+    exact = {"s": "x" * (100 - len(b'{"s":""}'))}  # canonical JSON of exactly 100 bytes
+    assert len(canonical_bytes(exact)) == 100
+    assert policy.status_fits(exact)
+    assert not policy.status_fits({"s": exact["s"] + "x"})
+    assert not policy.status_fits({"s": exact["s"][1:] + "\u00e9"}), "bytes, not characters"
     assert not policy.attempts_exhausted(2)
     assert policy.attempts_exhausted(3)
     assert policy.admits_another_operation(1)

@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from connector.core import authority
+from connector.catalog.signing import VerifiedCatalog
+from connector.contract.catalog_models import CatalogAction
+from connector.core import admission, authority
 from connector.core.admission import Identified
 from connector.core.authority import Grant, Principal, hash_token
 from connector.core.policy import DeferredHostPolicy
@@ -19,6 +21,7 @@ from connector.runtime.operations import Kind, Observed
 from connector.service.answers import Accepted, Done
 from connector.storage.registry import DeferredRegistry
 from tests.host.records import T0, command_metadata, discovery_metadata, new_op_id
+from tests.support.catalogs import command_action, example_catalog
 from tests.support.clocks import ManualClock
 from tests.support.directives import command_directive
 
@@ -28,6 +31,18 @@ ACTIONS = {
     "test.free": ActionInfo("test.free", "command", 1, None),
 }
 TOKENS = {"alice": "token-alice", "bob": "token-bob", "operator": "token-operator"}
+# What `identify` checks a directive against: the shipped example's actions and `test.free`.
+CATALOG = VerifiedCatalog(
+    catalog_id="host-fakes",
+    version=1,
+    issued_at=T0,
+    expires_at=None,
+    actions={
+        entry["action_id"]: CatalogAction.model_validate(entry)
+        for entry in (*example_catalog()["actions"], command_action("test.free", ["true"]))
+    },
+    key_id="0" * 16,
+)
 
 
 class Jitter:
@@ -100,7 +115,9 @@ class FakePort:
     def identify(
         self, principal: Principal, directive: Any, *, op_key: str | None, operations_only: bool
     ) -> Identified:
-        raise NotImplementedError  # the Bus's start only; host tests admit without it
+        return admission.identify(
+            directive, principal=principal, catalog=CATALOG, op_key=op_key, operations_only=operations_only
+        )
 
     async def admit(
         self,
@@ -146,9 +163,12 @@ class FakePort:
         op = self.ops.get(operation_id)
         return None if op is None else copy.deepcopy(op.document(operation_id))
 
-    async def cancel(self, operation_id: str, kind: Kind) -> dict[str, Any] | None:
+    async def cancel(self, operation_id: str, kind: Kind) -> tuple[bool, dict[str, Any]] | None:
         self.cancels.append(operation_id)
-        return await self.caller_status(operation_id, kind, wait_seconds=None, after_revision=None)
+        op = self.ops.get(operation_id)
+        if op is None:
+            return None
+        return op.status in ("pending", "running"), copy.deepcopy(op.document(operation_id))
 
     async def stop(self, operation_id: str, kind: Kind, error_code: str) -> None:
         self.stops.append((operation_id, kind, error_code))

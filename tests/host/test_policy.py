@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from connector.core.ids import keyed_operation_id
 from connector.core.policy import DeferredHostPolicy
 from connector.errors import SensoriumError
 from connector.service.answers import Accepted, Done, public_refusal
@@ -176,6 +177,23 @@ async def test_a_repeat_answers_the_first_handle_byte_for_byte(tmp_path: Path) -
             second.retry_after_seconds,
         )
         assert len(await host.registry.list()) == 1
+    finally:
+        await host.registry.aclose()
+
+
+async def test_identify_for_the_bus_is_the_connectors_steps_2_3_and_keyed_id(tmp_path: Path) -> None:
+    host, _, _ = await fake_host(tmp_path)
+    try:
+        alice = host.authenticate(ALICE)
+        known = host.identify(alice, make_directive(), bus_op="bus-7")
+        assert known.action.action_id == "device.discovery.scan" and known.key == "bus-7"
+        assert known.keyed_id == keyed_operation_id("alice", "device.discovery.scan", "bus-7")
+        with pytest.raises(SensoriumError) as sync:
+            host.identify(alice, make_directive("test.free", mode="sync"), bus_op="bus-8")
+        assert sync.value.code == "execution-mode-not-supported", "the Bus starts operations only"
+        with pytest.raises(SensoriumError) as unknown:
+            host.identify(alice, make_directive("no.such.action"), bus_op="bus-9")
+        assert unknown.value.code == "unknown-action"
     finally:
         await host.registry.aclose()
 
