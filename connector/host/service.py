@@ -263,14 +263,12 @@ class HostService:
         """The cancel of a row its caller may see (checked by the edge that found it, e.g. the Bus by its
         handle): the status after the request, and whether the request changed anything (the runtime's)."""
         op_id, kind = record.operation_id, kind_of(record)
+        changed, document = False, None
         if record.terminal:
             document = await self.port.caller_status(op_id, kind, wait_seconds=None, after_revision=None)
-            return Cancelled(False, Done(await self._answer(record, document)))
-        _require_cancelable(record)
-        cancelled = await self.port.cancel(op_id, kind)
-        if cancelled is None:
-            return Cancelled(False, Done(await self._answer(record, None)))
-        changed, document = cancelled
+        else:
+            _require_cancelable(record)
+            changed, document = await self.port.cancel(op_id, kind) or (False, None)
         return Cancelled(changed, Done(await self._answer(record, document)))
 
     async def _visible(self, principal: authority.Principal, op_id: str) -> OperationRecord:
