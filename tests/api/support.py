@@ -17,6 +17,7 @@ from connector.contract.validate import validate
 from connector.core.authority import Grant, make_grant
 from connector.core.observations import BleObservation, Observation
 from connector.storage.state import STATE_RELATIVE_PATH
+from connector.timer import WALL_TIMER, Timer
 from providers.faults import Fault, FaultProvider
 from tests.support.catalogs import command_action, example_catalog, new_operator, signed_catalog
 from tests.support.clocks import OffsetClock
@@ -101,8 +102,10 @@ class RecordingFactory:
         *,
         concurrent: bool = False,
         fault: Fault | None = None,
+        timer: Timer = WALL_TIMER,
     ) -> None:
         self.timeline = tuple(timeline)
+        self.timer = timer
         self.concurrent = concurrent
         self.fault = fault
         self.requests: list[tuple[str, str | None]] = []
@@ -115,6 +118,7 @@ class RecordingFactory:
             transport=transport,  # type: ignore[arg-type]
             concurrent_sessions=self.concurrent,
             fault=self.fault,
+            timer=self.timer,
         )
         self.built.append(provider)
         return provider
@@ -195,10 +199,12 @@ async def harness(
     max_body_bytes: int = 65536,
     result_retention_seconds: int | None = None,
     tokens: Tokens | None = None,
+    timer: Timer | None = None,
 ) -> AsyncIterator[Harness]:
     """Assemble a connector over a fresh data dir with the test catalog and principals; yield a harness.
 
     With the `tokens` of an earlier harness over the same `tmp_path`, the connector restarts over its data.
+    With a `timer` (a `VirtualTimer`) the runtime waits on it and "now" is derived from it (no `clock`).
     """
     data_dir = tmp_path / "data"
     marker = tmp_path / "sleeper.pid"
@@ -215,12 +221,17 @@ async def harness(
         max_body_bytes=max_body_bytes,
     )
     clock = clock or OffsetClock()
-    async with assemble(config, providers=factory, clock=clock) as assembled:
+    async with assemble(config, providers=factory, **_time_sources(clock, timer)) as assembled:
         transport = httpx.ASGITransport(app=assembled.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://connector.test") as client:
             h = Harness(assembled, client, tokens, data_dir, clock, marker, factory)
             _record_submits(h)
             yield h
+
+
+def _time_sources(clock: OffsetClock, timer: Timer | None) -> dict[str, Any]:
+    """`assemble`'s time arguments: the timer alone (the clock derived from it), else the shifted clock."""
+    return {"timer": timer} if timer is not None else {"clock": clock}
 
 
 def _record_submits(h: Harness) -> None:
