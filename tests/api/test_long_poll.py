@@ -4,7 +4,6 @@ turns terminal, else after W with the current status; W above 30 is clamped; wai
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +15,6 @@ from tests.api.support import (
     REDACT,
     SCAN,
     TERMINAL,
-    Harness,
     RecordingFactory,
     assert_error,
     assert_valid,
@@ -31,27 +29,6 @@ def _revision(document: dict[str, Any]) -> int:
     return int((document.get("progress") or {}).get("revision", 0))
 
 
-async def _status(h: Harness, location: str) -> dict[str, Any]:
-    response = await h.get("alice", location)
-    assert response.status_code == 200, response.text
-    document: dict[str, Any] = response.json()
-    return document
-
-
-async def _until(
-    h: Harness, timer: VirtualTimer, location: str, done: Callable[[dict[str, Any]], bool]
-) -> dict[str, Any]:
-    """Advance the virtual clock from due moment to due moment until the status satisfies `done`."""
-    await timer.advance(0)
-    document = await _status(h, location)
-    while not done(document):
-        due_ms = timer.next_due_ms()
-        assert due_ms is not None, document
-        await timer.advance_to(due_ms)
-        document = await _status(h, location)
-    return document
-
-
 def _revised(document: dict[str, Any]) -> bool:
     return _revision(document) >= 1
 
@@ -63,7 +40,7 @@ async def test_wakes_on_the_next_revision(tmp_path: Path) -> None:
     async with harness(tmp_path, factory=factory, timer=timer) as h:
         started_ms = timer.now_ms()
         location = (await h.invoke("alice", scan_directive(10))).headers["location"]
-        first = await _until(h, timer, location, _revised)
+        first = await h.settle("alice", location, _revised)
         assert _revision(first) == 1
         waiters = [
             asyncio.ensure_future(h.get("alice", location, wait_seconds=20, after_revision=1))
@@ -84,7 +61,7 @@ async def test_without_a_change_it_answers_after_w_and_does_not_spin(tmp_path: P
     timer = VirtualTimer()
     async with harness(tmp_path, factory=RecordingFactory([(0, strap(0))], timer=timer), timer=timer) as h:
         location = (await h.invoke("alice", scan_directive(10))).headers["location"]
-        current = await _until(h, timer, location, _revised)
+        current = await h.settle("alice", location, _revised)
         parked_ms = timer.now_ms()
         # No R: "the current revision" - nothing newer comes, so the answer waits for W.
         waiter = asyncio.ensure_future(h.get("alice", location, wait_seconds=1))
@@ -110,7 +87,7 @@ async def test_a_terminal_status_ends_the_wait(tmp_path: Path) -> None:
     timer = VirtualTimer()
     async with harness(tmp_path, factory=RecordingFactory([(0, strap(0))], timer=timer), timer=timer) as h:
         location = (await h.invoke("alice", scan_directive(1))).headers["location"]
-        await _until(h, timer, location, _revised)
+        await h.settle("alice", location, _revised)
         ends_ms = timer.now_ms() + 1000  # the 1 s window, not the 25 s wait
         waiter = asyncio.ensure_future(h.get("alice", location, wait_seconds=25, after_revision=1))
         await timer.run_until(waiter.done, limit_ms=10_000)
@@ -118,7 +95,7 @@ async def test_a_terminal_status_ends_the_wait(tmp_path: Path) -> None:
         assert timer.now_ms() <= ends_ms + 1000
         # A cancel request ends the wait as well (a status change the caller must see).
         running = (await h.invoke("alice", scan_directive(20))).headers["location"]
-        await _until(h, timer, running, _revised)
+        await h.settle("alice", running, _revised)
         waiter = asyncio.ensure_future(h.get("alice", running, wait_seconds=25, after_revision=1))
         await timer.advance(19_000)  # inside the 20 s window and the 25 s wait
         assert not waiter.done()
@@ -156,7 +133,7 @@ async def test_w_above_30_is_clamped(tmp_path: Path, monkeypatch: pytest.MonkeyP
 
         monkeypatch.setattr(discovery, "status", spy)
         location = (await h.invoke("alice", scan_directive(1))).headers["location"]
-        await _until(h, timer, location, lambda d: d["status"] in TERMINAL)
+        await h.settle("alice", location, lambda d: d["status"] in TERMINAL)
         for asked in (31, 3600, 10**9):
             assert (await h.get("alice", location, wait_seconds=asked)).json()["status"] == "completed"
         assert seen == [MAX_WAIT_SECONDS] * 3 == [30] * 3
@@ -167,7 +144,7 @@ async def test_a_revocation_during_the_wait_answers_unknown(tmp_path: Path) -> N
     timer = VirtualTimer()
     async with harness(tmp_path, factory=RecordingFactory([(0, strap(0))], timer=timer), timer=timer) as h:
         location = (await h.invoke("alice", scan_directive(20))).headers["location"]
-        await _until(h, timer, location, _revised)
+        await h.settle("alice", location, _revised)
         waiter = asyncio.ensure_future(h.get("alice", location, wait_seconds=25, after_revision=1))
         await timer.advance(1000)
         assert not waiter.done()
