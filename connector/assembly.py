@@ -210,7 +210,7 @@ async def assemble(
             _log.info("marked %d host operations ended by the restart", len(ended))
         readiness.interrupted_marked = True
         if config.host_poller:
-            await stack.enter_async_context(Poller(host))
+            await stack.enter_async_context(Poller(host, timer=timer))
         assembled = Assembled(
             config,
             catalog,
