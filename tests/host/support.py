@@ -112,6 +112,13 @@ def _replays_on(timer: VirtualTimer) -> Callable[[ConnectorConfig], Callable[[st
     return factory
 
 
+async def next_due(timer: VirtualTimer, *, by_ms: int) -> None:
+    """Advance the virtual clock to its next due moment, which must come by `by_ms` (else the test hangs)."""
+    due_ms = timer.next_due_ms()
+    assert due_ms is not None and due_ms <= by_ms, f"nothing due by {by_ms} (next {due_ms})"
+    await timer.advance_to(due_ms)
+
+
 async def poll_until(
     client: httpx.AsyncClient,
     path: str,

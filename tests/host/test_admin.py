@@ -11,7 +11,15 @@ import pytest
 
 from connector.contract.canonical import sha256_hex
 from connector.timer import VirtualTimer
-from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog, terminal
+from tests.host.support import (
+    add_principals,
+    check,
+    host_app,
+    next_due,
+    poll_until,
+    signed_catalog,
+    terminal,
+)
 from tests.runtime.commands.conftest import status_of
 from tests.support.directives import command_directive, scan_directive
 from tests.support.principals import bearer
@@ -142,9 +150,7 @@ async def test_poll_now_polls_through_the_connector_and_counts_an_attempt(tmp_pa
         polled = await client.post(f"{ADMIN}/{op_id}/poll", headers=bearer(tokens.operator))
         assert polled.status_code == 200 and polled.json()["operation"]["attempts"] == 1
         while polled.json()["operation"]["status"] != "completed":
-            due_ms = timer.next_due_ms()
-            assert due_ms is not None and due_ms <= ends_ms + 1000, polled.json()
-            await timer.advance_to(due_ms)
+            await next_due(timer, by_ms=ends_ms + 1000)
             polled = await client.post(f"{ADMIN}/{op_id}/poll", headers=bearer(tokens.operator))
         _no_private_parts(polled.json())
         assert (

@@ -18,7 +18,7 @@ import pytest
 from connector.cli.serve_cmd import extra_routers
 from connector.storage.registry import REGISTRY_RELATIVE_PATH
 from connector.timer import VirtualTimer
-from tests.host.support import add_principals, check, host_app, poll_until, terminal
+from tests.host.support import add_principals, check, host_app, next_due, poll_until, terminal
 from tests.support.directives import command_directive, scan_directive
 from tests.support.paths import HW_FIXTURES, SHIPPED_CATALOG, SHIPPED_TRUST
 from tests.support.principals import bearer
@@ -44,9 +44,7 @@ async def test_serve_mounts_the_host_routes_and_publishes_its_counters(tmp_path:
         while (record := await assembled.registry.get(accepted.json()["operation/id"])) is None or (
             not record.terminal
         ):
-            due_ms = timer.next_due_ms()
-            assert due_ms is not None and due_ms <= ends_ms + 15_000, record
-            await timer.advance_to(due_ms)
+            await next_due(timer, by_ms=ends_ms + 15_000)
         metrics = (await client.get("/metrics")).text
     for name in ("polls_total", "terminal_outcomes_total", "expirations_total", "poll_errors_total",
                  "continuations_total", "operations_active"):  # fmt: skip
