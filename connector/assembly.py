@@ -180,7 +180,7 @@ async def assemble(
         config.catalog, trust_dir=config.trust_dir, data_dir=config.data_dir, now=clock()
     )
     readiness = Readiness(catalog_verified=True, bus_required=config.nats_url is not None)
-    simulation = Simulation(config.simulate) if config.simulate else None
+    simulation = Simulation(config.simulate, timer) if config.simulate else None
     metrics = CollectorRegistry()
     telemetry = Telemetry(metrics)
     async with AsyncExitStack() as stack:
@@ -210,7 +210,7 @@ async def assemble(
             _log.info("marked %d host operations ended by the restart", len(ended))
         readiness.interrupted_marked = True
         if config.host_poller:
-            await stack.enter_async_context(Poller(host))
+            await stack.enter_async_context(Poller(host, timer=timer))
         assembled = Assembled(
             config,
             catalog,

@@ -17,6 +17,7 @@ from connector.contract.validate import validate
 from connector.core.authority import Grant, make_grant
 from connector.core.observations import BleObservation, Observation
 from connector.storage.state import STATE_RELATIVE_PATH
+from connector.timer import WALL_TIMER, Timer, VirtualTimer
 from providers.faults import Fault, FaultProvider
 from tests.support.catalogs import command_action, example_catalog, new_operator, signed_catalog
 from tests.support.clocks import OffsetClock
@@ -101,8 +102,10 @@ class RecordingFactory:
         *,
         concurrent: bool = False,
         fault: Fault | None = None,
+        timer: Timer = WALL_TIMER,
     ) -> None:
         self.timeline = tuple(timeline)
+        self.timer = timer
         self.concurrent = concurrent
         self.fault = fault
         self.requests: list[tuple[str, str | None]] = []
@@ -115,6 +118,7 @@ class RecordingFactory:
             transport=transport,  # type: ignore[arg-type]
             concurrent_sessions=self.concurrent,
             fault=self.fault,
+            timer=self.timer,
         )
         self.built.append(provider)
         return provider
@@ -142,6 +146,7 @@ class Harness:
     marker: Path
     factory: RecordingFactory | None = None
     submits: list[str] = field(default_factory=list)
+    timer: VirtualTimer | None = None
 
     def auth(self, who: str) -> dict[str, str]:
         """The Authorization header of a principal (or of a literal token when `who` is unknown)."""
@@ -179,6 +184,29 @@ class Harness:
 
         return await poll(get, until, timeout=timeout, interval=interval)
 
+    async def settle(
+        self,
+        who: str,
+        location: str,
+        until: Callable[[dict[str, Any]], bool] = lambda doc: doc["status"] in TERMINAL,
+    ) -> dict[str, Any]:
+        """Advance the virtual clock from due moment to due moment until a status satisfies `until`."""
+        assert self.timer is not None, "settle needs a harness on a VirtualTimer"
+        await self.timer.advance(0)
+        document = await self._status(who, location)
+        while not until(document):
+            due_ms = self.timer.next_due_ms()
+            assert due_ms is not None, document
+            await self.timer.advance_to(due_ms)
+            document = await self._status(who, location)
+        return document
+
+    async def _status(self, who: str, location: str) -> dict[str, Any]:
+        response = await self.get(who, location)
+        assert response.status_code == 200, response.text
+        document: dict[str, Any] = response.json()
+        return document
+
     def command_rows(self) -> list[tuple[Any, ...]]:
         """Every row of the command operations table (read through a second connection)."""
         return query(self.data_dir, "SELECT operation_id, owner, action_id, status FROM command_operations")
@@ -195,10 +223,12 @@ async def harness(
     max_body_bytes: int = 65536,
     result_retention_seconds: int | None = None,
     tokens: Tokens | None = None,
+    timer: VirtualTimer | None = None,
 ) -> AsyncIterator[Harness]:
     """Assemble a connector over a fresh data dir with the test catalog and principals; yield a harness.
 
     With the `tokens` of an earlier harness over the same `tmp_path`, the connector restarts over its data.
+    With a `timer` (a `VirtualTimer`) the runtime waits on it and "now" is derived from it (no `clock`).
     """
     data_dir = tmp_path / "data"
     marker = tmp_path / "sleeper.pid"
@@ -215,12 +245,17 @@ async def harness(
         max_body_bytes=max_body_bytes,
     )
     clock = clock or OffsetClock()
-    async with assemble(config, providers=factory, clock=clock) as assembled:
+    async with assemble(config, providers=factory, **_time_sources(clock, timer)) as assembled:
         transport = httpx.ASGITransport(app=assembled.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://connector.test") as client:
-            h = Harness(assembled, client, tokens, data_dir, clock, marker, factory)
+            h = Harness(assembled, client, tokens, data_dir, clock, marker, factory, timer=timer)
             _record_submits(h)
             yield h
+
+
+def _time_sources(clock: OffsetClock, timer: VirtualTimer | None) -> dict[str, Any]:
+    """`assemble`'s time arguments: the timer alone (the clock derived from it), else the shifted clock."""
+    return {"timer": timer} if timer is not None else {"clock": clock}
 
 
 def _record_submits(h: Harness) -> None:

@@ -13,6 +13,7 @@ import httpx
 import pytest
 
 from connector.storage.state import DiscoveryRecord
+from connector.timer import VirtualTimer
 from tests.api.support import (
     SLEEP,
     RecordingFactory,
@@ -164,16 +165,19 @@ async def test_an_erased_session_leaves_memory_and_its_record_answers_the_same(t
 
 async def test_ended_sessions_keep_no_task_each(tmp_path: Path) -> None:
     """One retention sweeper: completed sessions do not each keep a sleeping task until retention ends."""
-    factory = RecordingFactory(straps(1), concurrent=True)
-    async with harness(tmp_path, factory=factory) as h:
+    timer = VirtualTimer()
+    factory = RecordingFactory(straps(1), concurrent=True, timer=timer)
+    async with harness(tmp_path, factory=factory, timer=timer) as h:
         baseline = len(asyncio.all_tasks())
         owners = ("alice", "bob") * 6
         accepted = [await h.invoke(who, scan_directive(1)) for who in owners]
         for who, response in zip(owners, accepted, strict=True):
-            await h.poll(who, response.headers["location"])
-        await anyio.sleep(0.1)  # wall clock: lets the ended sessions' tasks finish
+            await h.settle(who, response.headers["location"])
+        # No virtual time passes: a session task kept until retention (600 s) would never end here.
+        with anyio.fail_after(5):
+            while len(asyncio.all_tasks()) > baseline + 1:
+                await anyio.sleep(0.01)  # real peer: the ended sessions' last writes on aiosqlite's thread
         assert len(list(h.assembled.discovery.operation_ids())) == 12  # results retained (600 s)
-        assert len(asyncio.all_tasks()) <= baseline + 1
         assert h.assembled.discovery.active_count() == 0
 
 

@@ -13,7 +13,16 @@ import pytest
 from connector.core.clock import parse_time
 from connector.core.policy import DeferredHostPolicy
 from connector.storage.principals import revoke
-from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog, terminal
+from connector.timer import VirtualTimer
+from tests.host.support import (
+    add_principals,
+    check,
+    host_app,
+    next_due,
+    poll_until,
+    signed_catalog,
+    terminal,
+)
 from tests.runtime.commands.conftest import status_of
 from tests.runtime.sessions import until_terminal
 from tests.support.directives import command_directive, scan_directive
@@ -65,7 +74,8 @@ async def test_the_owner_reads_the_live_v2_status_with_the_hosts_policy_fields(t
 
 async def test_only_the_owner_with_a_current_grant_sees_the_operation(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path)
-    async with host_app(tmp_path, host_poller=False) as (assembled, client):
+    timer = VirtualTimer()
+    async with host_app(tmp_path, host_poller=False, timer=timer) as (assembled, client):
         accepted = await client.post(
             "/v1/host/directives", json=scan_directive(30), headers=bearer(tokens.alice)
         )
@@ -85,10 +95,10 @@ async def test_only_the_owner_with_a_current_grant_sees_the_operation(tmp_path: 
         assert (revoked.status_code, revoked.content) == (404, never.content)
         record = await assembled.registry.get(op_id)
         assert record is not None and record.status != "unknown"  # a lost grant is not a lost operation
-        with anyio.fail_after(10):  # host-owned cleanup ends the scan; the poller records it as such
-            while (record := await assembled.host.poll(record)).status == "running":
-                # wall clock: the runtime ends the revoked scan in its own tasks
-                await anyio.sleep(0.05)
+        # Host-owned cleanup ends the scan (well inside its 30 s window); the poller records it as such.
+        revoked_at_ms = timer.now_ms()
+        while (record := await assembled.host.poll(record)).status == "running":
+            await next_due(timer, by_ms=revoked_at_ms + 10_000)
         assert record.status == "failed" and record.metadata["error_code"] == "grant-revoked"
 
 
@@ -231,10 +241,11 @@ async def test_sync_work_and_refusals_pass_through_the_host(tmp_path: Path) -> N
 
 async def test_an_idempotent_repeat_through_the_host_joins_the_same_work(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path)
-    async with host_app(tmp_path, host_poller=False) as (assembled, client):
+    timer = VirtualTimer()
+    async with host_app(tmp_path, host_poller=False, timer=timer) as (assembled, client):
         directive = scan_directive(5, key="key-1")
         first = await client.post("/v1/host/directives", json=directive, headers=bearer(tokens.alice))
-        await anyio.sleep(0.05)  # wall clock: lets the first admission reach the runtime first
+        await timer.advance(0)  # every task blocked: the first admission has reached the runtime
         second = await client.post(
             "/v1/host/directives", json={**directive, "correlation/id": "other"}, headers=bearer(tokens.alice)
         )

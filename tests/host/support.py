@@ -18,7 +18,9 @@ from connector.core import authority
 from connector.core.admission import Identified
 from connector.host.port import InProcessConnector
 from connector.service.answers import Accepted, Done
+from connector.timer import VirtualTimer
 from providers.base import Provider
+from providers.replay import ReplayProvider
 from tests.support import catalogs
 from tests.support.catalogs import command_action
 from tests.support.paths import HW_FIXTURES, REPO
@@ -68,9 +70,13 @@ async def host_app(
     replay_speed: float = 20.0,
     clock: Callable[[], datetime] | None = None,
     providers: Callable[[ConnectorConfig], Callable[[str, str | None], Provider]] | None = None,
+    timer: VirtualTimer | None = None,
     **config: Any,
 ) -> AsyncIterator[tuple[Assembled, httpx.AsyncClient]]:
-    """An assembled connector + host (routes mounted) and an in-process HTTP client."""
+    """An assembled connector + host (routes mounted) and an in-process HTTP client.
+
+    With a `timer` (a `VirtualTimer`) the runtime, the poller and the replays run on it.
+    """
     settings = ConnectorConfig(
         data_dir=data_dir,
         catalog=config.pop("catalog", REPO / "catalog" / "actions.json"),
@@ -82,12 +88,35 @@ async def host_app(
     kwargs: dict[str, Any] = {"routers": lambda a: [host_router(a.host)]}
     if clock is not None:
         kwargs["clock"] = clock
+    if timer is not None:
+        kwargs["timer"] = timer
+        providers = providers or _replays_on(timer)
     if providers is not None:
         kwargs["providers"] = providers(settings)
     async with assemble(settings, **kwargs) as assembled:
         transport = httpx.ASGITransport(app=assembled.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://host.test") as client:
             yield assembled, client
+
+
+def _replays_on(timer: VirtualTimer) -> Callable[[ConnectorConfig], Callable[[str, str | None], Provider]]:
+    """A provider factory replaying the configured fixtures on `timer` (one provider per transport)."""
+
+    def factory(settings: ConnectorConfig) -> Callable[[str, str | None], Provider]:
+        replays = {
+            transport: ReplayProvider(path, speed=settings.replay_speed, timer=timer)
+            for transport, path in settings.replay.items()
+        }
+        return lambda transport, _adapter: replays[transport]
+
+    return factory
+
+
+async def next_due(timer: VirtualTimer, *, by_ms: int) -> None:
+    """Advance the virtual clock to its next due moment, which must come by `by_ms` (else the test hangs)."""
+    due_ms = timer.next_due_ms()
+    assert due_ms is not None and due_ms <= by_ms, f"nothing due by {by_ms} (next {due_ms})"
+    await timer.advance_to(due_ms)
 
 
 async def poll_until(

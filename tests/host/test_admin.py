@@ -10,7 +10,16 @@ import anyio
 import pytest
 
 from connector.contract.canonical import sha256_hex
-from tests.host.support import add_principals, check, host_app, poll_until, signed_catalog, terminal
+from connector.timer import VirtualTimer
+from tests.host.support import (
+    add_principals,
+    check,
+    host_app,
+    next_due,
+    poll_until,
+    signed_catalog,
+    terminal,
+)
 from tests.runtime.commands.conftest import status_of
 from tests.support.directives import command_directive, scan_directive
 from tests.support.principals import bearer
@@ -131,24 +140,23 @@ async def test_list_and_detail_show_the_durable_projection_and_history_digests(t
 
 async def test_poll_now_polls_through_the_connector_and_counts_an_attempt(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path)
-    async with host_app(tmp_path, host_poller=False) as (assembled, client):
+    timer = VirtualTimer()
+    async with host_app(tmp_path, host_poller=False, timer=timer) as (assembled, client):
         accepted = await client.post(
             "/v1/host/directives", json=scan_directive(1), headers=bearer(tokens.alice)
         )
+        ends_ms = timer.now_ms() + 1000  # the scan's 1 s window
         op_id = accepted.json()["operation/id"]
         polled = await client.post(f"{ADMIN}/{op_id}/poll", headers=bearer(tokens.operator))
         assert polled.status_code == 200 and polled.json()["operation"]["attempts"] == 1
-        with anyio.fail_after(10):
-            while polled.json()["operation"]["status"] != "completed":
-                # wall clock: the scan's 1 s window in the in-process runtime
-                await anyio.sleep(0.1)
-                polled = await client.post(f"{ADMIN}/{op_id}/poll", headers=bearer(tokens.operator))
+        while polled.json()["operation"]["status"] != "completed":
+            await next_due(timer, by_ms=ends_ms + 1000)
+            polled = await client.post(f"{ADMIN}/{op_id}/poll", headers=bearer(tokens.operator))
         _no_private_parts(polled.json())
         assert (
             polled.json()["operation"]["metadata"]["disclosed_count"] == 0
         )  # the operator saw no candidates
-        # Every poll-now of the live operation was one host poll and one attempt (however many the 1 s window
-        # took on this machine's clock), and none after it ended.
+        # Every poll-now of the live operation was one host poll and one attempt, and none after it ended.
         attempts = polled.json()["operation"]["attempts"]
         assert assembled.host.metrics.count("sensorium_host_polls") == attempts >= 1
         done = await client.post(f"{ADMIN}/{op_id}/poll", headers=bearer(tokens.operator))
@@ -175,7 +183,7 @@ async def test_operator_cancel_is_bridged_where_cancelable(tmp_path: Path) -> No
             while (await client.post(f"{ADMIN}/{op_id}/poll", headers=bearer(tokens.operator))).json()[
                 "operation"
             ]["status"] != "cancelled":
-                # wall clock: the runtime confirms the scan's stop in its own tasks
+                # real peer: the stubborn command below is a subprocess, so this test runs on real time
                 await anyio.sleep(0.05)
         terminal_again = await client.post(f"{ADMIN}/{op_id}/cancel", headers=bearer(tokens.operator))
         assert (

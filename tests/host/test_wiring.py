@@ -12,13 +12,13 @@ from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
 
-import anyio
 import httpx
 import pytest
 
 from connector.cli.serve_cmd import extra_routers
 from connector.storage.registry import REGISTRY_RELATIVE_PATH
-from tests.host.support import add_principals, check, host_app, poll_until, terminal
+from connector.timer import VirtualTimer
+from tests.host.support import add_principals, check, host_app, next_due, poll_until, terminal
 from tests.support.directives import command_directive, scan_directive
 from tests.support.paths import HW_FIXTURES, SHIPPED_CATALOG, SHIPPED_TRUST
 from tests.support.principals import bearer
@@ -29,7 +29,8 @@ pytestmark = pytest.mark.asyncio
 
 async def test_serve_mounts_the_host_routes_and_publishes_its_counters(tmp_path: Path) -> None:
     tokens = add_principals(tmp_path)
-    async with host_app(tmp_path) as (assembled, client):
+    timer = VirtualTimer()
+    async with host_app(tmp_path, timer=timer) as (assembled, client):
         paths = {getattr(route, "path", "") for router in extra_routers(assembled) for route in router.routes}
         assert {"/v1/host/directives", "/v1/host/operations/{operation_id}",
                 "/v1/admin/deferred-operations/{operation_id}/cancel"} <= paths  # fmt: skip
@@ -38,12 +39,12 @@ async def test_serve_mounts_the_host_routes_and_publishes_its_counters(tmp_path:
         accepted = await client.post(
             "/v1/host/directives", json=scan_directive(1), headers=bearer(tokens.alice)
         )
-        with anyio.fail_after(15):  # the poller alone (no caller polls) brings it to its end
-            while (record := await assembled.registry.get(accepted.json()["operation/id"])) is None or (
-                not record.terminal
-            ):
-                # wall clock: the 1 s window, then the poller's own wall-clock cadence
-                await anyio.sleep(0.1)
+        # The poller alone (no caller polls) brings it to its end: the 1 s window, then the poller's cadence.
+        ends_ms = timer.now_ms() + 1000
+        while (record := await assembled.registry.get(accepted.json()["operation/id"])) is None or (
+            not record.terminal
+        ):
+            await next_due(timer, by_ms=ends_ms + 15_000)
         metrics = (await client.get("/metrics")).text
     for name in ("polls_total", "terminal_outcomes_total", "expirations_total", "poll_errors_total",
                  "continuations_total", "operations_active"):  # fmt: skip

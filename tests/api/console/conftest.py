@@ -17,6 +17,8 @@ from connector.api.console import console_router
 from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.host.service import HostService
 from connector.service.answers import Accepted
+from connector.timer import VirtualTimer
+from providers.replay import ReplayProvider
 from tests.e2e.serve_process import add_test_principals
 from tests.support.clocks import OffsetClock
 from tests.support.directives import HEART_RATE, scan_directive
@@ -72,6 +74,14 @@ class Console:
     canaries: BleCanaries
     clock: OffsetClock
     data_dir: Path
+    timer: VirtualTimer
+
+    async def step(self, *, by_ms: int | None = None) -> None:
+        """Advance the runtime's virtual clock to its next due moment, due by `by_ms` (now + 10 s)."""
+        by_ms = self.timer.now_ms() + 10_000 if by_ms is None else by_ms
+        due_ms = self.timer.next_due_ms()
+        assert due_ms is not None and due_ms <= by_ms, f"nothing due by {by_ms} (next {due_ms})"
+        await self.timer.advance_to(due_ms)
 
     async def start_scan(self, window_seconds: int = 60) -> str:
         """A caller starts a BLE scan through the host (as `POST /v1/host/directives` would)."""
@@ -110,7 +120,10 @@ def csrf_of(html: str) -> str:
 
 @asynccontextmanager
 async def console_harness(tmp_path: Path) -> AsyncIterator[Console]:
-    """Connector, host and console over one data dir, with a canary BLE fixture (no background poller)."""
+    """Connector, host and console over one data dir, with a canary BLE fixture (no background poller).
+
+    The runtime and the replay run on a `VirtualTimer`; the console's own sessions on a shifted wall clock.
+    """
     data_dir = tmp_path / "data"
     tokens = add_test_principals(data_dir)
     canaries = BleCanaries.fresh()
@@ -122,11 +135,13 @@ async def console_harness(tmp_path: Path) -> AsyncIterator[Console]:
         host_poller=False,
     )
     clock = OffsetClock()
+    timer = VirtualTimer()
+    replay = ReplayProvider(config.replay["ble"], speed=config.replay_speed, timer=timer)
 
     def routers(assembled: Assembled) -> list[APIRouter]:
         return [console_router(assembled.host, authenticate=assembled.service.authenticate, clock=clock)]
 
-    async with assemble(config, routers=routers) as assembled:
+    async with assemble(config, routers=routers, providers=lambda _t, _a: replay, timer=timer) as assembled:
         transport = httpx.ASGITransport(app=assembled.app)
         async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
-            yield Console(client, assembled.host, tokens, canaries, clock, data_dir)
+            yield Console(client, assembled.host, tokens, canaries, clock, data_dir, timer)

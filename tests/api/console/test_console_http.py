@@ -7,7 +7,6 @@ import re
 from datetime import timedelta
 from pathlib import Path
 
-import anyio
 import httpx
 import pytest
 
@@ -51,12 +50,11 @@ async def operation_status(console: Console, op_id: str) -> tuple[str, str | Non
 
 async def wait_running(console: Console, op_id: str) -> None:
     """Until the caller has seen a running status with a candidate."""
-    with anyio.fail_after(10):
-        while True:
-            status = await console.caller_status(op_id)
-            if status["status"] == "running" and status.get("progress"):
-                return
-            await anyio.sleep(0.05)  # wall clock: the replay reveals its candidate
+    while True:
+        status = await console.caller_status(op_id)
+        if status["status"] == "running" and status.get("progress"):
+            return
+        await console.step()  # the replay reveals its candidate
 
 
 # ---- without a session -----------------------------------------------------------------------------------
@@ -381,12 +379,11 @@ async def test_cancel_goes_through_cancellation_requested_to_cancelled(tmp_path:
         assert response.status_code == 303
         page = await console.client.get(response.headers["location"])
         assert "Cancel requested; the host answered: running, cancellation requested." in page.text
-        with anyio.fail_after(10):
-            while 'id="status">cancelled</span>' not in page.text:
-                # wall clock: the runtime confirms the cancel in its own tasks
-                await anyio.sleep(0.05)
-                await console.client.post(f"{detail_path(op_id)}/poll", data={"csrf_token": token})
-                page = await console.client.get(detail_path(op_id))
+        confirm_by_ms = console.timer.now_ms() + 10_000
+        while 'id="status">cancelled</span>' not in page.text:
+            await console.step(by_ms=confirm_by_ms)  # the runtime confirms the cancel in its own tasks
+            await console.client.post(f"{detail_path(op_id)}/poll", data={"csrf_token": token})
+            page = await console.client.get(detail_path(op_id))
         assert "cancellation confirmed at" in page.text and "confirmed, claim released" in page.text
         assert re.search(r'id="cancel" disabled', page.text) and re.search(
             r'id="poll-now" disabled', page.text
@@ -398,9 +395,9 @@ async def test_cancel_goes_through_cancellation_requested_to_cancelled(tmp_path:
 async def test_cancelling_a_finished_operation_changes_nothing(tmp_path: Path) -> None:
     async with console_harness(tmp_path) as console:
         op_id = await console.start_scan(window_seconds=1)
-        with anyio.fail_after(10):
-            while (await console.caller_status(op_id))["status"] != "completed":
-                await anyio.sleep(0.1)  # wall clock: the scan's 1 s window
+        ends_ms = console.timer.now_ms() + 1000
+        while (await console.caller_status(op_id))["status"] != "completed":
+            await console.step(by_ms=ends_ms + 1000)  # the scan's 1 s window
         await signed_in(console)
         token = await console.csrf(detail_path(op_id))
         response = await console.client.post(f"{detail_path(op_id)}/cancel", data={"csrf_token": token})
@@ -438,10 +435,9 @@ async def test_no_page_shows_candidate_data(tmp_path: Path) -> None:
         pages.append((await console.client.get(detail_path(op_id))).text)
         await console.client.post(f"{detail_path(op_id)}/cancel", data={"csrf_token": token})
         pages.append((await console.client.get(detail_path(op_id))).text)
-        with anyio.fail_after(10):
-            while (await console.caller_status(op_id))["status"] != "cancelled":
-                # wall clock: the runtime confirms the cancel in its own tasks
-                await anyio.sleep(0.05)
+        confirm_by_ms = console.timer.now_ms() + 10_000
+        while (await console.caller_status(op_id))["status"] != "cancelled":
+            await console.step(by_ms=confirm_by_ms)  # the runtime confirms the cancel in its own tasks
         pages.append((await console.client.get(detail_path(op_id))).text)
         pages.append((await console.client.get(LIST)).text)
         assert all(op_id in page.replace("<wbr>", "") for page in pages[1:])

@@ -24,6 +24,7 @@ from connector.assembly import Assembled, ConnectorConfig, assemble
 from connector.cli.serve_cmd import known_adapters
 from connector.service.answers import Accepted
 from connector.service.operations import LiveConnectorOperations
+from connector.timer import VirtualTimer
 from tests.api.console.conftest import BASE_URL, csrf_of
 from tests.e2e.serve_process import add_test_principals
 from tests.runtime.sessions import metadata_of
@@ -35,7 +36,9 @@ LIST = "/admin/deferred-operations"
 
 
 @asynccontextmanager
-async def harness(tmp_path: Path) -> AsyncIterator[tuple[Assembled, httpx.AsyncClient, Tokens]]:
+async def harness(
+    tmp_path: Path, timer: VirtualTimer | None
+) -> AsyncIterator[tuple[Assembled, httpx.AsyncClient, Tokens]]:
     tokens = add_test_principals(tmp_path / "data")
     config = ConnectorConfig(
         data_dir=tmp_path / "data",
@@ -53,7 +56,7 @@ async def harness(tmp_path: Path) -> AsyncIterator[tuple[Assembled, httpx.AsyncC
             console_router(assembled.host, authenticate=assembled.service.authenticate, operations=operations)
         ]
 
-    async with assemble(config, routers=routers) as assembled:
+    async with assemble(config, routers=routers, timer=timer) as assembled:
         transport = httpx.ASGITransport(app=assembled.app)
         async with httpx.AsyncClient(transport=transport, base_url=BASE_URL) as client:
             form = await client.get("/admin/sign-in")
@@ -72,10 +75,19 @@ async def _admit(assembled: Assembled, tokens: Tokens, transport: str, filters: 
     return str(answer.handle["connector_operation/id"])
 
 
-async def _until(check: Any, timeout: float = 15.0) -> None:
-    with anyio.fail_after(timeout):
-        while not await check():
-            await anyio.sleep(0.05)  # wall clock: the in-process runtime's replay
+async def _until(timer: VirtualTimer | None, check: Any, within_ms: int = 15_000) -> None:
+    """Advance the virtual clock from due moment to due moment until `check()` holds, by `within_ms`."""
+    if timer is None:
+        with anyio.fail_after(within_ms / 1000):
+            while not await check():
+                await anyio.sleep(0.05)  # wall clock: the in-process runtime's simulated adapter
+        return
+    by_ms = timer.now_ms() + within_ms
+    await timer.advance(0)
+    while not await check():
+        due_ms = timer.next_due_ms()
+        assert due_ms is not None and due_ms <= by_ms, f"nothing due by {by_ms} (next {due_ms})"
+        await timer.advance_to(due_ms)
 
 
 def _plain(html: str) -> str:
@@ -84,7 +96,8 @@ def _plain(html: str) -> str:
 
 @pytest.mark.asyncio
 async def test_connector_route_scans_are_listed_filtered_and_shown_read_only(tmp_path: Path) -> None:
-    async with harness(tmp_path) as (assembled, client, tokens):
+    timer = VirtualTimer()
+    async with harness(tmp_path, timer) as (assembled, client, tokens):
         empty = await client.get(LIST)
         assert 'id="no-operations"' in empty.text and "POST /v1/directives" in empty.text
         assert 'http-equiv="refresh"' not in empty.text
@@ -93,7 +106,7 @@ async def test_connector_route_scans_are_listed_filtered_and_shown_read_only(tmp
         async def running() -> bool:
             return bool(metadata_of(assembled.discovery, op_id)["status"] == "running")
 
-        await _until(running)
+        await _until(timer, running)
         listing = await client.get(LIST)
         row = re.search(r'<tr data-status="running">(.*?)</tr>', listing.text, re.S)
         assert row is not None and op_id in _plain(row.group(1))
@@ -115,7 +128,9 @@ async def test_connector_route_scans_are_listed_filtered_and_shown_read_only(tmp
 
 @pytest.mark.asyncio
 async def test_the_adapters_page_shows_free_in_use_and_held_claims(tmp_path: Path) -> None:
-    async with harness(tmp_path) as (assembled, client, tokens):
+    # Still on the wall clock: on a VirtualTimer the acknowledged retry sometimes never frees the claim.
+    timer = None
+    async with harness(tmp_path, timer) as (assembled, client, tokens):
         page = (await client.get("/admin/adapters")).text
         rows = dict(
             re.findall(
@@ -133,14 +148,14 @@ async def test_the_adapters_page_shows_free_in_use_and_held_claims(tmp_path: Pat
         async def in_use() -> bool:
             return "in use by 1 session(s)" in (await client.get("/admin/adapters")).text
 
-        await _until(in_use)
+        await _until(timer, in_use)
         ble.gate.mode = "refuse"
         await assembled.service.cancel(assembled.service.authenticate(tokens.caller), op_id)
 
         async def held() -> bool:
             return "held by 1 uncertain cleanup(s)" in (await client.get("/admin/adapters")).text
 
-        await _until(held)
+        await _until(timer, held)
         page = (await client.get("/admin/adapters")).text
         assert op_id in _plain(page) and "next retry" in page and 'http-equiv="refresh"' in page
         ble.gate.mode = "ack"
@@ -148,7 +163,7 @@ async def test_the_adapters_page_shows_free_in_use_and_held_claims(tmp_path: Pat
         async def freed() -> bool:
             return "uncertain cleanup(s)" not in (await client.get("/admin/adapters")).text
 
-        await _until(freed, timeout=30)
+        await _until(timer, freed, within_ms=30_000)
         status = metadata_of(assembled.discovery, op_id)
         assert status["status"] == "failed" and status["cleanup"] == {
             "state": "confirmed",
@@ -158,7 +173,8 @@ async def test_the_adapters_page_shows_free_in_use_and_held_claims(tmp_path: Pat
 
 @pytest.mark.asyncio
 async def test_the_adapters_page_needs_an_operator_session(tmp_path: Path) -> None:
-    async with harness(tmp_path) as (_, client, _tokens):
+    timer = VirtualTimer()
+    async with harness(tmp_path, timer) as (_, client, _tokens):
         client.cookies.clear()
         response = await client.get("/admin/adapters")
         assert response.status_code == 303 and response.headers["location"] == "/admin/sign-in"
@@ -166,13 +182,14 @@ async def test_the_adapters_page_needs_an_operator_session(tmp_path: Path) -> No
 
 @pytest.mark.asyncio
 async def test_an_operator_cancels_a_connector_route_scan_from_the_console(tmp_path: Path) -> None:
-    async with harness(tmp_path) as (assembled, client, tokens):
+    timer = VirtualTimer()
+    async with harness(tmp_path, timer) as (assembled, client, tokens):
         op_id = await _admit(assembled, tokens, "ble", {"service_uuids": [HEART_RATE]})
 
         async def running() -> bool:
             return bool(metadata_of(assembled.discovery, op_id)["status"] == "running")
 
-        await _until(running)
+        await _until(timer, running)
         path = f"{LIST}/{op_id.replace(':', '%3A')}"
         detail = await client.get(path)
         assert 'id="cancel"' in detail.text and 'id="cancel" disabled' not in detail.text
@@ -182,7 +199,7 @@ async def test_an_operator_cancels_a_connector_route_scan_from_the_console(tmp_p
         async def ended() -> bool:
             return bool(metadata_of(assembled.discovery, op_id)["status"] == "cancelled")
 
-        await _until(ended)
+        await _until(timer, ended)
         after = await client.get(path)
         assert "Cancel requested; the host answered" in after.text
         assert "no: the operation has ended" in after.text and 'id="cancel" disabled' in after.text
