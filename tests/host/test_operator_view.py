@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from connector.core.clock import parse_time
 from tests.host.support import add_principals, host_app, poll_until
 from tests.support.directives import scan_directive
 from tests.support.principals import bearer
@@ -89,7 +90,9 @@ async def test_the_listing_pages_newest_first_with_a_cursor(tmp_path: Path) -> N
         assert [len(page) for page in pages] == [2, 2, 1]
         rows = [row for page in pages for row in page]
         assert sorted(row["operation/id"] for row in rows) == sorted(admitted)
-        keys = [(row["created_at"], row["operation/id"]) for row in rows]
+        # By time, not by text: a connector route's created_at has whole seconds ("...:35Z" is older than
+        # "...:35.098Z", yet sorts after it as a string); a run that crossed a second boundary showed it.
+        keys = [(parse_time(row["created_at"]), row["operation/id"]) for row in rows]
         assert keys == sorted(keys, reverse=True)
         whole = await _pages(client, tokens.operator, limit=200)
         assert [row["operation/id"] for row in whole[0]] == [row["operation/id"] for row in rows]
