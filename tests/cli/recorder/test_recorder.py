@@ -71,8 +71,10 @@ async def test_a_session_becomes_a_private_replayable_file_with_offsets(tmp_path
     assert header["source"] == "recorded" and header["adapter"] == "hci0" and header["notes"] == "unit test"
     offsets = [line["t_ms"] for line in lines]
     assert offsets == sorted(offsets)
+    # The fault provider plays on the wall timer, which counts whole milliseconds from a floored start: a
+    # report may land up to 1 ms before its offset on the recorder's own clock (a loaded run saw 99 for 100).
     for got, want in zip(offsets, (0, 100, 300), strict=True):
-        assert want <= got <= want + 150
+        assert want - 1 <= got <= want + 150
     # Pseudonyms: stable within the file, never the real address.
     assert lines[0]["address"] == lines[2]["address"] != lines[1]["address"]
     assert ADDRESS not in target.read_text() and ADDRESS.lower() not in target.read_text()
