@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import threading
+from pathlib import Path
 
+import aiosqlite
 import anyio
 import pytest
 
@@ -133,3 +136,49 @@ async def test_an_advance_waits_for_woken_tasks_by_yielding_never_by_sleeping(
         monkeypatch.undo()
     assert seen == list(range(10, 510, 10))
     assert slept and set(slept) == {0}
+
+
+async def _write_then_sleep(
+    timer: VirtualTimer, database: Path, gate: threading.Event, log: list[int]
+) -> None:
+    """An aiosqlite statement that waits on `gate` in the connection's thread, then a 10 ms virtual sleep."""
+    async with aiosqlite.connect(database) as connection:
+        await connection.create_function("wait_for_gate", 0, gate.wait)
+        await connection.execute("SELECT wait_for_gate()")
+        log.append(timer.now_ms())
+    await timer.sleep_until(timer.now_ms() + 10)
+
+
+async def test_an_advance_waits_for_a_task_whose_statement_is_on_aiosqlite_s_thread(tmp_path: Path) -> None:
+    # Real threads are the peer here: the statement's thread answers when the gate opens, however late.
+    timer = VirtualTimer(start_ms=0)
+    gate = threading.Event()
+    log: list[int] = []
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(_write_then_sleep, timer, tmp_path / "t.sqlite", gate, log)
+        releaser = threading.Timer(0.05, gate.set)  # real peer: another thread opens the gate
+        releaser.start()
+        await timer.advance(0)
+        assert log == [0] and timer.next_due_ms() == 10  # the sleep after the write is already scheduled
+        await timer.advance(10)
+    releaser.join()
+
+
+async def test_an_advance_waits_for_a_thread_offload() -> None:
+    timer = VirtualTimer(start_ms=0)
+    gate = threading.Event()
+    log: list[str] = []
+
+    async def offload_then_sleep() -> None:
+        await anyio.to_thread.run_sync(gate.wait)
+        log.append("back")
+        await timer.sleep_until(5)
+        log.append("woke")
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(offload_then_sleep)
+        releaser = threading.Timer(0.05, gate.set)  # real peer: another thread opens the gate
+        releaser.start()
+        await timer.advance(5)
+        assert log == ["back", "woke"]
+    releaser.join()

@@ -128,8 +128,7 @@ async def test_connector_route_scans_are_listed_filtered_and_shown_read_only(tmp
 
 @pytest.mark.asyncio
 async def test_the_adapters_page_shows_free_in_use_and_held_claims(tmp_path: Path) -> None:
-    # Still on the wall clock: on a VirtualTimer the acknowledged retry sometimes never frees the claim.
-    timer = None
+    timer = VirtualTimer()
     async with harness(tmp_path, timer) as (assembled, client, tokens):
         page = (await client.get("/admin/adapters")).text
         rows = dict(
