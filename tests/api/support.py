@@ -102,10 +102,10 @@ class RecordingFactory:
         *,
         concurrent: bool = False,
         fault: Fault | None = None,
-        timer: Timer = WALL_TIMER,
+        timer: Timer | None = None,
     ) -> None:
         self.timeline = tuple(timeline)
-        self.timer = timer
+        self.timer = timer  # None: the harness hands it the connector's own timer
         self.concurrent = concurrent
         self.fault = fault
         self.requests: list[tuple[str, str | None]] = []
@@ -118,7 +118,7 @@ class RecordingFactory:
             transport=transport,  # type: ignore[arg-type]
             concurrent_sessions=self.concurrent,
             fault=self.fault,
-            timer=self.timer,
+            timer=self.timer or WALL_TIMER,
         )
         self.built.append(provider)
         return provider
@@ -174,13 +174,16 @@ class Harness:
         timeout: float = 15.0,
         interval: float = 0.05,
     ) -> list[dict[str, Any]]:
-        """Poll a status until `until` holds; every poll is returned (the last one satisfies `until`)."""
+        """Poll a status until `until` holds; every poll is returned (the last one satisfies `until`).
+
+        On a VirtualTimer the clock moves from due moment to due moment between polls (see `settle`);
+        on the wall clock the polls wait on real time (`timeout`, `interval`).
+        """
+        if self.timer is not None:
+            return await self._settled(who, location, until)
 
         async def get() -> dict[str, Any]:
-            response = await self.get(who, location)
-            assert response.status_code == 200, response.text
-            document: dict[str, Any] = response.json()
-            return document
+            return await self._status(who, location)
 
         return await poll(get, until, timeout=timeout, interval=interval)
 
@@ -191,15 +194,21 @@ class Harness:
         until: Callable[[dict[str, Any]], bool] = lambda doc: doc["status"] in TERMINAL,
     ) -> dict[str, Any]:
         """Advance the virtual clock from due moment to due moment until a status satisfies `until`."""
-        assert self.timer is not None, "settle needs a harness on a VirtualTimer"
+        return (await self._settled(who, location, until))[-1]
+
+    async def _settled(
+        self, who: str, location: str, until: Callable[[dict[str, Any]], bool]
+    ) -> list[dict[str, Any]]:
+        """Every status read while the virtual clock advanced (the last one satisfies `until`)."""
+        assert self.timer is not None, "settling needs a harness on a VirtualTimer"
         await self.timer.advance(0)
-        document = await self._status(who, location)
-        while not until(document):
+        documents = [await self._status(who, location)]
+        while not until(documents[-1]):
             due_ms = self.timer.next_due_ms()
-            assert due_ms is not None, document
+            assert due_ms is not None, documents[-1]
             await self.timer.advance_to(due_ms)
-            document = await self._status(who, location)
-        return document
+            documents.append(await self._status(who, location))
+        return documents
 
     async def _status(self, who: str, location: str) -> dict[str, Any]:
         response = await self.get(who, location)
@@ -224,12 +233,18 @@ async def harness(
     result_retention_seconds: int | None = None,
     tokens: Tokens | None = None,
     timer: VirtualTimer | None = None,
+    wall: bool = False,
 ) -> AsyncIterator[Harness]:
     """Assemble a connector over a fresh data dir with the test catalog and principals; yield a harness.
 
     With the `tokens` of an earlier harness over the same `tmp_path`, the connector restarts over its data.
-    With a `timer` (a `VirtualTimer`) the runtime waits on it and "now" is derived from it (no `clock`).
+    The runtime waits on a `VirtualTimer` and "now" is derived from it (the given one, else a fresh one),
+    unless the test needs the wall clock: `wall=True` (real command processes), or a shifted `clock`.
     """
+    if timer is None and not wall and clock is None:
+        timer = VirtualTimer()
+    if factory is not None and factory.timer is None:
+        factory.timer = timer or WALL_TIMER
     data_dir = tmp_path / "data"
     marker = tmp_path / "sleeper.pid"
     catalog, trust = write_test_catalog(

@@ -213,7 +213,7 @@ async def test_a_keyed_retry_after_a_restart_answers_the_same_binding(tmp_path: 
 @pytest.mark.realtime  # a command subprocess
 @pytest.mark.asyncio
 async def test_command_operations_have_nothing_to_bind_or_select(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory()) as h:
+    async with harness(tmp_path, factory=RecordingFactory(), wall=True) as h:
         location = (await h.invoke("alice", command_directive(REDACT, "async", {"text": "x"}))).headers[
             "location"
         ]

@@ -42,7 +42,7 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.asyncio
 async def test_a_sync_action_answers_its_result(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory()) as h:
+    async with harness(tmp_path, factory=RecordingFactory(), wall=True) as h:
         response = await h.invoke("alice", command_directive(INFO, "sync"))
         assert response.status_code == 200 and "location" not in response.headers
         result = response.json()
@@ -57,7 +57,7 @@ async def test_a_sync_action_answers_its_result(tmp_path: Path) -> None:
 @pytest.mark.asyncio
 async def test_an_async_action_is_polled_to_completion(tmp_path: Path) -> None:
     context = {"operation/id": "flow-7"}
-    async with harness(tmp_path, factory=RecordingFactory()) as h:
+    async with harness(tmp_path, factory=RecordingFactory(), wall=True) as h:
         directive = command_directive(
             REDACT, "async", {"text": "call +48 601 234 567"}, extra={"causal/context": context}
         )
@@ -82,7 +82,7 @@ async def _running_sleeper(h: Harness) -> tuple[str, int]:
 
 @pytest.mark.asyncio
 async def test_cancel_terminates_the_process_before_answering_cancelled(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory()) as h:
+    async with harness(tmp_path, factory=RecordingFactory(), wall=True) as h:
         location, pid = await _running_sleeper(h)
         assert (await h.get("alice", location)).json()["status"] == "running"
         cancelled = await h.post("alice", location + "/cancel")
@@ -100,7 +100,7 @@ async def test_cancel_terminates_the_process_before_answering_cancelled(tmp_path
 
 @pytest.mark.asyncio
 async def test_non_cancelable_work_refuses_cancel(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory()) as h:
+    async with harness(tmp_path, factory=RecordingFactory(), wall=True) as h:
         accepted = await h.invoke("alice", command_directive(STUBBORN, "async"))
         assert accepted.status_code == 202
         handle = accepted.json()
@@ -115,7 +115,7 @@ async def test_non_cancelable_work_refuses_cancel(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_the_per_principal_limit_counts_live_commands_only(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory()) as h:
+    async with harness(tmp_path, factory=RecordingFactory(), wall=True) as h:
         h.assembled.service.policy = DeferredHostPolicy(max_operations_per_principal=2)
         # Finished work does not count, however much of it there was.
         for _ in range(5):

@@ -135,7 +135,8 @@ async def test_an_erased_session_leaves_memory_and_its_record_answers_the_same(t
         polls = await h.poll("alice", accepted.headers["location"])
         completed = polls[-1]
         assert completed["status"] == "completed" and len(candidates_of(completed)) == 3
-        await wait_until(lambda: h.assembled.discovery.session(op_id) is None, timeout=10)
+        assert h.timer is not None
+        await h.timer.run_until(lambda: h.assembled.discovery.session(op_id) is None)
         after = (await h.get("alice", accepted.headers["location"])).json()
         assert after["result"]["candidates"] == [] and "erased_at" in after["result"]
         expected = {k: v for k, v in completed.items() if k != "progress"}
@@ -173,10 +174,10 @@ async def test_ended_sessions_keep_no_task_each(tmp_path: Path) -> None:
         accepted = [await h.invoke(who, scan_directive(1)) for who in owners]
         for who, response in zip(owners, accepted, strict=True):
             await h.settle(who, response.headers["location"])
-        # No virtual time passes: a session task kept until retention (600 s) would never end here.
-        with anyio.fail_after(5):
-            while len(asyncio.all_tasks()) > baseline + 1:
-                await anyio.sleep(0.01)  # real peer: the ended sessions' last writes on aiosqlite's thread
+        # No virtual time passes (the advance waits for the sessions' last writes on aiosqlite's thread):
+        # a session task kept until retention (600 s) would still be here.
+        await timer.advance(0)
+        assert len(asyncio.all_tasks()) <= baseline + 1
         assert len(list(h.assembled.discovery.operation_ids())) == 12  # results retained (600 s)
         assert h.assembled.discovery.active_count() == 0
 

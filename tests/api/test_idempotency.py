@@ -128,7 +128,7 @@ async def test_concurrent_admissions_respect_the_per_principal_limit(tmp_path: P
 @pytest.mark.realtime  # a command subprocess
 @pytest.mark.asyncio
 async def test_command_repeats_answer_the_stored_operation(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory()) as h:
+    async with harness(tmp_path, factory=RecordingFactory(), wall=True) as h:
         async_directive = command_directive(REDACT, "async", {"text": "mail a@b.example"}, key="r-1")
         first = await h.invoke("alice", async_directive)
         assert first.status_code == 202
@@ -147,7 +147,7 @@ async def test_command_repeats_answer_the_stored_operation(tmp_path: Path) -> No
 @pytest.mark.realtime  # a command subprocess
 @pytest.mark.asyncio
 async def test_concurrent_repeats_of_a_command_key_run_it_once(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory()) as h:
+    async with harness(tmp_path, factory=RecordingFactory(), wall=True) as h:
         directive = command_directive(REDACT, "sync", {"text": "call +48 601 234 567"}, key="once")
         responses = await asyncio.gather(*(h.invoke("alice", directive) for _ in range(6)))
         assert {r.status_code for r in responses} == {200}

@@ -110,7 +110,7 @@ async def test_a_terminal_status_ends_the_wait(tmp_path: Path) -> None:
 @pytest.mark.realtime  # a command subprocess
 @pytest.mark.asyncio
 async def test_commands_long_poll_until_terminal(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory()) as h:
+    async with harness(tmp_path, factory=RecordingFactory(), wall=True) as h:
         accepted = await h.invoke("alice", command_directive(REDACT, "async", {"text": "a@b.example"}))
         answer = await h.get("alice", accepted.headers["location"], wait_seconds=20)
         document = answer.json()
