@@ -125,8 +125,13 @@ async def poll_until(
     token: str,
     done: Callable[[dict[str, Any]], bool],
     timeout: float = 15.0,
+    *,
+    timer: VirtualTimer | None = None,
 ) -> list[dict[str, Any]]:
-    """GET `path` until `done(body)`; every answer is returned (in order)."""
+    """GET `path` until `done(body)`; every answer is returned (in order).
+
+    With a `timer` the virtual clock moves from due moment to due moment between the GETs (no wall wait).
+    """
 
     async def get() -> dict[str, Any]:
         response = await client.get(path, headers=bearer(token))
@@ -134,7 +139,14 @@ async def poll_until(
         body: dict[str, Any] = response.json()
         return body
 
-    return await poll(get, done, timeout=timeout)
+    if timer is None:
+        return await poll(get, done, timeout=timeout)
+    await timer.advance(0)
+    answers = [await get()]
+    while not done(answers[-1]):
+        await next_due(timer, by_ms=timer.now_ms() + int(timeout * 1000))
+        answers.append(await get())
+    return answers
 
 
 def terminal(body: dict[str, Any]) -> bool:

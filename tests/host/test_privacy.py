@@ -18,6 +18,7 @@ from typing import Any
 import pytest
 
 from connector.storage.registry import DeferredRegistry
+from connector.timer import VirtualTimer
 from tests.host.records import record
 from tests.host.support import add_principals, check, host_app, poll_until, terminal
 from tests.support.directives import HEART_RATE
@@ -36,6 +37,8 @@ CANARIES = {
     "mdns_txt": "CNRYtxt9d0c",
     "mdns_prefix": "CNRYmdns21aa",
 }
+
+
 def _fixtures(directory: Path) -> dict[str, Path]:
     mfr = {"76": CANARIES["ble_mfr"].encode().hex()}
     ble = [
@@ -131,11 +134,14 @@ async def test_candidate_data_never_reaches_the_registry_views_or_metrics(tmp_pa
     replays = _fixtures(tmp_path)
     shown: set[str] = set()
     caller_text = ""
-    async with host_app(data_dir, replay=replays, mdns_interfaces=["127.0.0.1"]) as (assembled, client):
+    timer = VirtualTimer()
+    app = host_app(data_dir, replay=replays, mdns_interfaces=["127.0.0.1"], timer=timer)
+    async with app as (assembled, client):
         for transport, directive in SCANS.items():
             accepted = await client.post("/v1/host/directives", json=directive, headers=bearer(tokens.alice))
             assert accepted.status_code == 202, accepted.text
-            polls = await poll_until(client, accepted.json()["status_href"], tokens.alice, terminal)
+            href = accepted.json()["status_href"]
+            polls = await poll_until(client, href, tokens.alice, terminal, timer=timer)
             check("deferred-operation-status.v2", polls)
             assert polls[-1]["status"] == "completed" and polls[-1]["result"]["candidates"], transport
             shown |= _private_values(polls)
