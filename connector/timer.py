@@ -10,6 +10,7 @@ retention runs in milliseconds and asserts on recorded state.
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import heapq
 import itertools
@@ -148,6 +149,7 @@ def _awaited_by(coroutine: Any) -> Any:
     return awaited
 
 
+@functools.cache  # one answer per code location: the walk runs for every task on every loop pass
 def _is_thread_hop(filename: str, function: str) -> bool:
     folders = PurePath(filename).parts
     return any(package in folders and function == name for package, name in _THREAD_HOPS)

@@ -16,7 +16,7 @@ from connector.runtime.claims import claim_key
 from connector.runtime.manager import DiscoveryManager, SessionClaim
 from connector.runtime.session import DiscoverySession
 from connector.storage.state import DiscoveryRecord
-from connector.timer import VirtualTimer
+from connector.timer import VirtualTimer, sleep_ms
 from providers.faults import RAISE, Fault, FaultProvider, StopStep
 from providers.replay import ReplayProvider
 from tests.runtime.sessions import (
@@ -39,18 +39,21 @@ CANARY = "CANARY-d41c"
 
 @pytest.mark.asyncio
 async def test_revisions_strictly_increase_under_a_crowd_and_concurrent_polls(fixtures_dir: Path) -> None:
-    provider = ReplayProvider(fixtures_dir / "ble-office-crowd.jsonl", speed=25.0)
+    timer = VirtualTimer()
+    provider = ReplayProvider(fixtures_dir / "ble-office-crowd.jsonl", speed=25.0, timer=timer)
     scope = ble_scope(filters=ScopeFilter(manufacturer_ids=(0x0006,)), max_candidates=64)
     pollers: list[list[dict[str, Any]]] = [[] for _ in range(4)]
-    async with fast_manager() as manager:
-        handle = await start(manager, provider, scope=scope, window_ms=1_000)
+    ended: list[int] = []
+    async with fast_manager(timer) as manager:
+        handle = await start(manager, provider, scope=scope, window_ms=1_000, timer=timer)
 
-        async def poll(into: list[dict[str, Any]], every_s: float) -> None:
+        async def poll(into: list[dict[str, Any]], every_ms: int) -> None:
             while True:
                 into.append(await status_of(manager, handle.operation_id))
                 if into[-1]["status"] not in ("pending", "running"):
+                    ended.append(every_ms)
                     return
-                await anyio.sleep(every_s)
+                await sleep_ms(timer, every_ms)
 
         async def long_poll(into: list[dict[str, Any]]) -> None:
             revision = 0
@@ -58,15 +61,16 @@ async def test_revisions_strictly_increase_under_a_crowd_and_concurrent_polls(fi
                 status = await waited(manager, handle.operation_id, revision, 0.5)
                 into.append(status)
                 if status["status"] not in ("pending", "running"):
+                    ended.append(0)
                     return
                 revision = status.get("progress", {}).get("revision", revision)
 
-        with anyio.fail_after(5):
-            async with anyio.create_task_group() as group:
-                group.start_soon(poll, pollers[0], 0.02)
-                group.start_soon(poll, pollers[1], 0.023)
-                group.start_soon(long_poll, pollers[2])
-                group.start_soon(long_poll, pollers[3])
+        async with anyio.create_task_group() as group:
+            group.start_soon(poll, pollers[0], 20)
+            group.start_soon(poll, pollers[1], 23)
+            group.start_soon(long_poll, pollers[2])
+            group.start_soon(long_poll, pollers[3])
+            await timer.run_until(lambda: len(ended) == 4, limit_ms=5_000)
     for polls in pollers:
         assert len(polls) < 400, "keep the schema check of every poll affordable"
         revisions = [p["progress"]["revision"] for p in polls if "progress" in p]
