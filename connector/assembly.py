@@ -129,9 +129,9 @@ class _UnavailableProvider:
 
 
 def provider_factory(
-    config: ConnectorConfig, simulation: Simulation | None = None
+    config: ConnectorConfig, simulation: Simulation | None = None, timer: Timer = WALL_TIMER
 ) -> Callable[[str, str | None], Provider]:
-    """Builds the provider of a transport: simulated or replayed where configured, else the real backend."""
+    """A transport's provider: simulated, or replayed on `timer`, where configured; else the real one."""
 
     # A replay provider serves any number of sessions: parse each fixture once, not on every admission.
     replays: dict[str, Provider] = {}
@@ -151,6 +151,7 @@ def provider_factory(
                 replay_speed=config.replay_speed,
                 ble_adapter=adapter or config.ble_adapter,
                 mdns_interfaces=config.mdns_interfaces,
+                timer=timer,
             )
         except ProviderError as error:
             return _UnavailableProvider(name, error)
@@ -192,7 +193,7 @@ async def assemble(
             discovery=discovery,
             commands=commands,
             state=state,
-            providers=providers or provider_factory(config, simulation),
+            providers=providers or provider_factory(config, simulation, timer),
             policy=config.host_policy,
             clock=clock,
         )

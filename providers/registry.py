@@ -11,6 +11,7 @@ from typing import Any, cast
 from connector.contract.transports import Transport
 from connector.core.transports import TRANSPORT_FACTS
 from connector.errors import ProviderUnavailable
+from connector.timer import WALL_TIMER, Timer
 from providers.base import Provider
 from providers.replay import FixtureError, ReplayProvider
 
@@ -23,10 +24,14 @@ def build_provider(
     ble_adapter: str | None = None,
     mdns_interfaces: Sequence[str] | str | None = None,
     every_report: bool = False,
+    timer: Timer = WALL_TIMER,
 ) -> Provider:
-    """The provider for `transport`; raises ProviderUnavailable when its backend cannot be loaded."""
+    """The provider for `transport`; raises ProviderUnavailable when its backend cannot be loaded.
+
+    A replay plays on `timer`; a real backend waits on its real peer, on the wall clock.
+    """
     if replay is not None:
-        provider = ReplayProvider(replay, speed=replay_speed)
+        provider = ReplayProvider(replay, speed=replay_speed, timer=timer)
         if provider.capabilities.transport != transport:
             raise FixtureError("replay fixture transport does not match the scan transport")
         return provider

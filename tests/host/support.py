@@ -20,7 +20,6 @@ from connector.host.port import InProcessConnector
 from connector.service.answers import Accepted, Done
 from connector.timer import VirtualTimer
 from providers.base import Provider
-from providers.replay import ReplayProvider
 from tests.support import catalogs
 from tests.support.catalogs import command_action
 from tests.support.paths import HW_FIXTURES, REPO
@@ -90,26 +89,12 @@ async def host_app(
         kwargs["clock"] = clock
     if timer is not None:
         kwargs["timer"] = timer
-        providers = providers or _replays_on(timer)
     if providers is not None:
         kwargs["providers"] = providers(settings)
     async with assemble(settings, **kwargs) as assembled:
         transport = httpx.ASGITransport(app=assembled.app)
         async with httpx.AsyncClient(transport=transport, base_url="http://host.test") as client:
             yield assembled, client
-
-
-def _replays_on(timer: VirtualTimer) -> Callable[[ConnectorConfig], Callable[[str, str | None], Provider]]:
-    """A provider factory replaying the configured fixtures on `timer` (one provider per transport)."""
-
-    def factory(settings: ConnectorConfig) -> Callable[[str, str | None], Provider]:
-        replays = {
-            transport: ReplayProvider(path, speed=settings.replay_speed, timer=timer)
-            for transport, path in settings.replay.items()
-        }
-        return lambda transport, _adapter: replays[transport]
-
-    return factory
 
 
 async def next_due(timer: VirtualTimer, *, by_ms: int) -> None:
