@@ -44,9 +44,9 @@ from providers.base import (
     StartUnconfirmed,
     finish_cleanup,
 )
-from providers.ble_worker import ADAPTER_IFACE, BLUEZ, DBUS, GO, STOP, config_frame
+from providers.ble_adapters import ADAPTER_RULES, OBJECT_MANAGER_IFACE, AdapterView
+from providers.ble_worker import BLUEZ, DBUS, GO, STOP, config_frame
 
-OBJECT_MANAGER_IFACE = "org.freedesktop.DBus.ObjectManager"
 INTROSPECT_IFACE = "org.freedesktop.DBus.Introspectable"
 _ADAPTER_NAME = re.compile(r"[A-Za-z0-9_]{1,64}")
 # BlueZ refuses an RSSI discovery filter outside this range (src/adapter.c `parse_rssi`).
@@ -97,6 +97,8 @@ class BusLink:
         self.starts: dict[str, asyncio.Lock] = {}
         # The last default seen: a bluetoothd that does not answer now still had this one powered first.
         self.last_default: str | None = None
+        self._adapters = AdapterView()
+        self._adapters_watched_on: MessageBus | None = None  # the connection holding ADAPTER_RULES
 
     def close(self) -> None:
         """Disconnect now."""
@@ -117,9 +119,11 @@ class BusLink:
                 bus = await MessageBus(bus_type=BusType.SYSTEM).connect()
                 bus.add_message_handler(self._on_message)
                 self._bus = bus
+                self._adapters.forget()
             return self._bus
 
     def _on_message(self, msg: Message) -> None:
+        self._adapters.on_message(msg)
         if msg.message_type == MessageType.SIGNAL and msg.member == "NameOwnerChanged" and msg.body[2] == "":
             event = self._gone.get(msg.body[0])
             if event is not None:
@@ -173,17 +177,31 @@ class BusLink:
         )
 
     async def default_adapter(self) -> str | None:
-        """The first powered adapter in name order (one GetManagedObjects), or None."""
-        reply = await self._call(_method(BLUEZ, "/", OBJECT_MANAGER_IFACE, "GetManagedObjects"))
-        if reply.message_type == MessageType.ERROR:
-            return None
-        powered = []
-        for path, interfaces in reply.body[0].items():
-            adapter = interfaces.get(ADAPTER_IFACE)
-            if adapter is not None and adapter.get("Powered") is not None and adapter["Powered"].value:
-                powered.append(path.rsplit("/", 1)[1])
-        self.last_default = min(powered) if powered else None
+        """The first powered adapter in name order, or None: from bluetoothd's signals once it answered
+        one GetManagedObjects (`providers.ble_adapters`), so an admission costs no round trip."""
+        if not self._adapters.known:
+            await self._ask_adapters()
+        if self._adapters.known:
+            self.last_default = self._adapters.default()
         return self.last_default
+
+    async def _ask_adapters(self) -> None:
+        bus = await self.bus()
+        if self._adapters_watched_on is not bus:  # the rules first: no signal after the answer is lost
+            for rule in ADAPTER_RULES:
+                await self._call(_method(DBUS, "/org/freedesktop/DBus", DBUS, "AddMatch", "s", rule))
+            self._adapters_watched_on = bus
+        generation = self._adapters.begin()
+        try:
+            reply = await self._call(_method(BLUEZ, "/", OBJECT_MANAGER_IFACE, "GetManagedObjects"))
+        except BaseException:  # cut off (the caller's bound) or the bus failed: nothing was learnt
+            self._adapters.abandon()
+            raise
+        if reply.message_type == MessageType.ERROR:
+            self._adapters.abandon()
+            self.last_default = None
+            return
+        self.last_default = self._adapters.take(generation, reply.body[0])
 
 
 def _name_rule(name: str) -> str:

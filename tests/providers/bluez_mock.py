@@ -348,6 +348,10 @@ class BluezController:
         """bluetoothd exits: org.bluez loses its owner (NameOwnerChanged)."""
         self._emulator.stop_mock()
 
+    def start_bluetoothd(self) -> None:
+        """A new bluetoothd takes org.bluez (NameOwnerChanged), with no adapter until `add_adapter`."""
+        self._emulator.start_mock()
+
     def stop_system_bus(self) -> None:
         """The system bus goes away and every connection with it; the controller is of no use afterwards."""
         self._emulator.stop_bus()
@@ -395,6 +399,10 @@ class BluezEmulator:
         self._bus.stdout.close()
         if not self.address:
             raise RuntimeError("private dbus-daemon did not start")
+
+    def start_mock(self) -> None:
+        """Start the emulated bluetoothd (it takes org.bluez, then prints `ready`)."""
+        self._start_mock()
 
     def _start_mock(self) -> None:
         self._mock = subprocess.Popen(
