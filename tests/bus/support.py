@@ -43,10 +43,12 @@ STUBBORN = "test.stubborn"
 
 def write_catalog(directory: Path) -> Path:
     """The example catalog plus async commands (sleep, fail, uncancelable), signed with the test key."""
+    sleeps_60 = "import time; time.sleep(60)"  # real peer: the scripted program's own run time
+    sleeps_3 = "import time; time.sleep(3)"  # real peer: the scripted program's own run time
     commands = [
-        command_action(SLEEP, ["python3", "-c", "import time; time.sleep(60)"]),
+        command_action(SLEEP, ["python3", "-c", sleeps_60]),
         command_action(FAIL, ["python3", "-c", "raise SystemExit(3)"]),
-        command_action(STUBBORN, ["python3", "-c", "import time; time.sleep(3)"], cancel="none"),
+        command_action(STUBBORN, ["python3", "-c", sleeps_3], cancel="none"),
     ]
     return signed_catalog(directory, commands)
 

@@ -113,8 +113,7 @@ async def test_watch_polls_for_non_terminal_changes(broker: NatsServer) -> None:
                 tg.start_soon(lambda: _collect(client, "job-1", seen, poll_interval=0.05))
                 for state in ("queued", "running", "done"):
                     while not seen or seen[-1]["state"] != service.envelope["state"]:
-                        # real peer: the watcher hears the scripted service over the nats-server
-                        await anyio.sleep(0.01)
+                        await anyio.sleep(0.01)  # real peer: the watcher hears the scripted service
                     service.envelope = {"op": "job-1", "state": state}
     assert [c["state"] for c in seen] == ["unknown", "queued", "running", "done"]
 
@@ -128,8 +127,7 @@ async def test_watch_catches_up_after_a_broker_restart(broker: NatsServer) -> No
             async with anyio.create_task_group() as tg:
                 tg.start_soon(lambda: _collect(client, "job-1", seen, poll_interval=None))
                 while not seen:
-                    # real peer: the watcher hears the scripted service over the nats-server
-                    await anyio.sleep(0.01)
+                    await anyio.sleep(0.01)  # real peer: the watcher hears the scripted service
                 broker.kill()
                 # The outcome arrives while the broker is gone: its op.done could never be delivered.
                 service.envelope = {"op": "job-1", "state": "done", "operation/id": "op-A"}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import socket
 from datetime import timedelta
 from pathlib import Path
@@ -47,6 +48,11 @@ async def _record(registry: Any, owner: str, op: str) -> OperationRecord:
     record = await registry.find_by_bus_op(owner, op)
     assert record is not None
     return record  # type: ignore[no-any-return]
+
+
+def _heard(caplog: pytest.LogCaptureFixture, text: str) -> bool:
+    """True once the connector logged a line containing `text`."""
+    return any(text in record.getMessage() for record in caplog.records)
 
 
 async def _terminal(registry: Any, owner: str, op: str, timeout: float = 15.0) -> OperationRecord:
@@ -213,9 +219,9 @@ async def test_scan_cancel_is_confirmed_and_announced_once(tmp_path: Path, broke
         client(broker.url, env.tokens["alice"]) as bus,
     ):
         await bus.start(ble_scan(30), op="long-scan")
-        with anyio.fail_after(10):  # real peer: the scan runs on the wall clock
+        with anyio.fail_after(10):
             while (await bus.get("long-scan"))["state"] != "running":
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # real peer: the scan runs on the wall clock
         first = await bus.cancel("long-scan")
         assert first["cancelled"] is True and first["state"] in ("running", "cancelled")
         second = await bus.cancel("long-scan")
@@ -231,12 +237,12 @@ async def test_scan_cancel_is_confirmed_and_announced_once(tmp_path: Path, broke
 @pytest.mark.asyncio
 async def test_a_caller_that_was_away_catches_up(tmp_path: Path, broker: NatsServer) -> None:
     env = make_env(tmp_path)
-    async with running_connector(env, broker.url) as assembled:
+    async with spying(broker.url) as spy, running_connector(env, broker.url) as assembled:
         async with client(broker.url, env.tokens["alice"]) as bus:
             await bus.start(ble_scan(1), op="away-1")
-        # Nobody listens while the scan ends and its op.done goes out.
+        # The caller is away while the scan ends and its op.done goes out (only the spy hears it).
         await _terminal(assembled.registry, "alice", "away-1")
-        await anyio.sleep(0.3)  # real peer: the op.done goes out to a broker nobody listens on
+        await wait_until(lambda: spy.done("away-1"))
         async with client(broker.url, env.tokens["alice"]) as bus:
             got = await bus.get("away-1")
             assert (got["state"], got["reason"]) == ("done", "window-complete")
@@ -244,7 +250,10 @@ async def test_a_caller_that_was_away_catches_up(tmp_path: Path, broker: NatsSer
 
 
 @pytest.mark.asyncio
-async def test_broker_restart_mid_operation_loses_no_outcome(tmp_path: Path, broker: NatsServer) -> None:
+async def test_broker_restart_mid_operation_loses_no_outcome(
+    tmp_path: Path, broker: NatsServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO, logger="sensorium.bus")
     env = make_env(tmp_path)
     async with (
         spying(broker.url) as spy,
@@ -266,8 +275,7 @@ async def test_broker_restart_mid_operation_loses_no_outcome(tmp_path: Path, bro
                 broker.kill()
                 # The scan ends while the broker is gone: its op.done cannot go out now.
                 await _terminal(assembled.registry, "alice", "outage-1")
-                # real peer: the broker stays down while the connector tries to publish
-                await anyio.sleep(0.5)
+                await wait_until(lambda: _heard(caplog, "bus disconnected"))
                 await anyio.to_thread.run_sync(broker.start)
         assert states[-1] == "done"
         # The connector answers again once it has reconnected: a cancel of the other operation works.
@@ -297,8 +305,7 @@ async def test_interrupted_operations_are_lost_exactly_once_across_restarts(
             )
             assert await watch_states(bus, "cut-1", poll_interval=None) == ["lost"]
         async with running_connector(env, broker.url):
-            # real peer: the third start sweeps the registry too: nothing is owed any more
-            await anyio.sleep(1.0)
+            await anyio.sleep(1.0)  # real peer: the third start's sweep; nothing signals it owes none
     [lost] = spy.done("cut-1")
     assert (lost["state"], lost["reason"], lost["status"]) == ("lost", "interrupted-by-restart", "failed")
 

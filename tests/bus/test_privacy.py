@@ -77,8 +77,7 @@ async def test_no_canary_reaches_any_bus_message(tmp_path: Path, broker: NatsSer
                         assembled.service.authenticate(token), record.operation_id
                     )
                     labels[transport] = _labels(dict(answer.document))
-                    # real peer: the replayed scan reveals its canary on the wall clock
-                    await anyio.sleep(0.1)
+                    await anyio.sleep(0.1)  # real peer: the replayed scan reveals its canary
         for transport in directives:
             op = f"priv-{transport}"
             assert (await watch_states(bus, op, poll_interval=0.3))[-1] == "done"

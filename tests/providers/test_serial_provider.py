@@ -9,7 +9,6 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-import anyio
 import pytest
 from serial.tools import list_ports
 
@@ -184,9 +183,9 @@ async def test_session_polls_delivers_on_the_loop_thread_and_stop_joins_the_work
     await wait_until(lambda: any(o.event == "remove" for o in sink.observations))
     await session.stop()
     delivered, polled = len(sink.observations), passes
-    await anyio.sleep(0.2)
-    assert (len(sink.observations), passes) == (delivered, polled)  # joined: no pass after stop
-    assert threading.active_count() == threads_before  # no helper thread left behind either
+    # The worker thread is gone once stop returned, so no later pass can add to what it saw.
+    assert threading.active_count() == threads_before  # joined, and no helper thread left behind either
+    assert (len(sink.observations), passes) == (delivered, polled)
     assert {o.device for o in sink.observations} == {"/dev/ttyUSB0"}
     assert sink.threads == {threading.get_ident()}
     await session.stop()  # idempotent
@@ -228,9 +227,9 @@ async def test_three_failed_passes_in_a_row_reach_the_sink_without_driver_text()
     sink = Sink()
     session = await SerialProvider(poll_interval_s=0.05, enumerate_ports=broken).start(usb_scope(), sink)
     await wait_until(lambda: bool(sink.failures))
-    await anyio.sleep(0.2)
+    await wait_until(lambda: workers() == 0)  # the worker ended by itself with the third failure
     await session.stop()
-    assert passes == 3  # the worker ended with the third failure
+    assert passes == 3
     [failure] = sink.failures
     assert type(failure) is ProviderError
     assert failure.code == "provider-failure"
@@ -374,9 +373,18 @@ def test_usb_interface_is_the_string_else_the_interface_number_of_a_multi_interf
 @pytest.mark.asyncio
 async def test_real_host_enumeration_never_reports_ports_without_usb_identity() -> None:
     host_ports = list_ports.comports()
+    passes = 0
+
+    def host_enumeration() -> list[PortInfo]:
+        nonlocal passes
+        passes += 1
+        return list(list_ports.comports())
+
     sink = Sink()
-    session = await SerialProvider(poll_interval_s=0.05).start(usb_scope(), sink)
-    await anyio.sleep(0.2)
+    session = await SerialProvider(poll_interval_s=0.05, enumerate_ports=host_enumeration).start(
+        usb_scope(), sink
+    )
+    await wait_until(lambda: passes >= 3)  # the second pass was delivered before the third began
     await session.stop()
     reported = {o.device for o in sink.observations}
     assert not reported & {p.device for p in host_ports if p.vid is None}

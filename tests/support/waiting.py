@@ -16,7 +16,7 @@ async def wait_until(
     """Poll `predicate()` until it is truthy; `TimeoutError` after `timeout` seconds."""
     with anyio.fail_after(timeout):
         while not predicate():
-            await anyio.sleep(interval)
+            await anyio.sleep(interval)  # real peer: a poll's interval; the condition ends it
 
 
 async def poll(
@@ -33,4 +33,4 @@ async def poll(
             seen.append(await fetch())
             if done(seen[-1]):
                 return seen
-            await anyio.sleep(interval)
+            await anyio.sleep(interval)  # real peer: a poll's interval; the condition ends it

@@ -47,7 +47,7 @@ async def wait_for_file(path: Path, timeout: float = 15.0) -> str:
     """The content of a marker file once a program wrote it."""
     with anyio.fail_after(timeout):
         while not path.exists():
-            await anyio.sleep(0.02)
+            await anyio.sleep(0.02)  # real peer: the command subprocess writes it
     return path.read_text()
 
 
@@ -60,7 +60,7 @@ async def wait_terminal(runner: CommandRunner, op_id: str, timeout: float = 20.0
             check_status_shape(doc)
             if doc["status"] in TERMINAL:
                 return doc
-            await anyio.sleep(0.02)
+            await anyio.sleep(0.02)  # real peer: the command subprocess ends it
 
 
 def check_status_shape(doc: dict[str, Any]) -> None:
@@ -125,7 +125,7 @@ async def answered(answers: list[dict[str, Any]], timeout: float = 15.0) -> dict
     """The sync answer, once the runner has reaped the real process behind it."""
     with anyio.fail_after(timeout):
         while not answers:
-            await anyio.sleep(0.01)
+            await anyio.sleep(0.01)  # real peer: the runner reaps the real process
     return answers[0]
 
 

@@ -31,13 +31,13 @@ def _mark(path: str) -> None:
 def main(mode: str, args: list[str]) -> int:
     if mode == "sleep":
         _mark(args[0])
-        time.sleep(float(args[1]))
+        time.sleep(float(args[1]))  # real peer: the scripted program's own run time
         print(json.dumps({"slept": True}))
     elif mode == "ignore-term":
         signal.signal(signal.SIGTERM, lambda *_: _mark(args[0] + ".term"))
         _mark(args[0])
         while True:
-            time.sleep(1)
+            time.sleep(1)  # real peer: the scripted program's own run time
     elif mode == "fail":
         sys.stderr.write(args[0] + "\n")
         return 3

@@ -434,7 +434,7 @@ async def main():
         await runner.submit(op_id(51), "alice", program_action("sleep", marker, "60"), {}, "async", now)
         await runner.submit(op_id(52), "alice", REDACT, {"text": "queued CANARY-Q"}, "async", now)
         print("submitted", flush=True)
-        await anyio.sleep(120)
+        await anyio.sleep(120)  # real peer: the scripted program's own run time (killed -9)
 
 anyio.run(main)
 """
