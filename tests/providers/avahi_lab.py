@@ -50,7 +50,7 @@ def _wait_for_line(log: Path, needle: str, process: subprocess.Popen[bytes], tim
             return
         if process.poll() is not None:
             raise RuntimeError(f"{process.args!r} exited early: {log.read_text(errors='replace')[-400:]}")
-        time.sleep(0.02)
+        time.sleep(0.02)  # real peer: the lab's process writes its log
     raise RuntimeError(f"timed out waiting for {needle!r} in {log}")
 
 
@@ -161,7 +161,7 @@ class AvahiLab:
             ).stdout
             if "fe80::" in shown and "tentative" not in shown:
                 return
-            time.sleep(0.05)
+            time.sleep(0.05)  # real peer: the kernel's duplicate address detection
         raise RuntimeError("link-local address stayed tentative")
 
     # -- daemons -----------------------------------------------------------------------------------------
@@ -186,7 +186,7 @@ class AvahiLab:
         address = f"unix:path={bus_socket}"
         deadline = time.monotonic() + 5
         while not bus_socket.exists() and time.monotonic() < deadline:
-            time.sleep(0.01)
+            time.sleep(0.01)  # real peer: dbus-daemon creates its socket
         (conf_dir / "avahi.conf").write_text(
             "[server]\n"
             f"host-name={self.tag}r{index}\n"

@@ -292,7 +292,7 @@ class BluezController:
     async def called(self, method: str, unless: asyncio.Future[Any]) -> None:
         """Return once bluetoothd has received a call of `method`, or `unless` is done."""
         while not self.calls(method) and not unless.done():
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # real peer: bluetoothd (the emulator) records the call
 
     def method_calls(self, method: str, adapter: str | None = None) -> list[list[Any]]:
         """Argument lists of every call of an adapter method so far."""
@@ -482,7 +482,7 @@ class RecordingSink:
                     return observation
             if time.monotonic() > deadline:
                 raise AssertionError("expected observation did not arrive")
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # real peer: the BLE worker relays BlueZ's reports
 
     async def wait_for_failure(self, timeout: float = 3.0) -> Exception:
         """The first failure reported to the sink."""
@@ -490,7 +490,7 @@ class RecordingSink:
         while not self.failures:
             if time.monotonic() > deadline:
                 raise AssertionError("expected failure was not reported")
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # real peer: the BLE worker reports the failure
         return self.failures[0]
 
 

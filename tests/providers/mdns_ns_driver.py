@@ -165,7 +165,7 @@ async def bare_browse(setting: str | None, command: dict[str, Any]) -> None:
     browser = AsyncServiceBrowser(
         azc.zeroconf, list(command["types"]), handlers=[lambda **_: None], question_type=DNSQuestionType.QM
     )
-    await anyio.sleep(command["seconds"])
+    await anyio.sleep(command["seconds"])  # real peer: the scripted browse's own run time
     await browser.async_cancel()
     await azc.async_close()
     emit({"bare_done": True})

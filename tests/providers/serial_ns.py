@@ -316,21 +316,21 @@ async def _play(root: Path, scenario: Mapping[str, Any], opened: list[str]) -> d
     }
     steps: list[dict[str, Any]] = []
     for step in scenario["steps"]:
-        await anyio.sleep(max(0.0, t0 + step["at_s"] - time.monotonic()))
+        await anyio.sleep(max(0.0, t0 + step["at_s"] - time.monotonic()))  # real peer: scripted step time
         if step["action"] == "vanish":
             vanish_attributes(root, step["device"])
             steps.append({**step, "t": round(time.monotonic() - t0, 3)})
             # Until one whole pass (of every session's worker) ran into the missing attributes.
             seen = passes["done"]
             while passes["done"] < seen + 1 + len(sessions):
-                await anyio.sleep(0.01)
+                await anyio.sleep(0.01)  # real peer: the workers' passes over the namespace's sysfs
             restore_attributes(root, step["device"])
             restored_at = round(time.monotonic() - t0, 3)
             steps.append({"action": "restore", "device": step["device"], "t": restored_at})
             continue
         (add_device if step["action"] == "add" else remove_device)(root, step["device"])
         steps.append({**step, "t": round(time.monotonic() - t0, 3)})
-    await anyio.sleep(max(0.0, t0 + scenario["window_s"] - time.monotonic()))
+    await anyio.sleep(max(0.0, t0 + scenario["window_s"] - time.monotonic()))  # real peer: the window
     workers_during = _workers()
     stop_ms = {}
     for name, session in sessions.items():
@@ -339,9 +339,10 @@ async def _play(root: Path, scenario: Mapping[str, Any], opened: list[str]) -> d
         stop_ms[name] = round((time.monotonic() - started) * 1000, 1)
         await session.stop()  # idempotent
     counts_at_stop = {name: len(sink.events) for name, sink in sinks.items()}
+    # Stop joined the workers, which deliver on the loop and wait for it: with none left, nothing can follow.
+    workers_after = _workers()
     for name in scenario["after_stop"]:
         (remove_device if Path("/dev", name).exists() else add_device)(root, name)
-    await anyio.sleep(3 * scenario["poll_interval_s"])
     opened_by_provider = list(opened)
     with open("/dev/ttyS0", "rb"):  # control: the audit hook does see an open
         hook_saw_control_open = opened[len(opened_by_provider) :] == ["/dev/ttyS0"]
@@ -352,7 +353,7 @@ async def _play(root: Path, scenario: Mapping[str, Any], opened: list[str]) -> d
         "failures": {name: sink.failures for name, sink in sinks.items()},
         "delivered_on_loop_thread": all(sink.threads <= {threading.get_ident()} for sink in sinks.values()),
         "workers_during": workers_during,
-        "workers_after": _workers(),
+        "workers_after": workers_after,
         "stop_ms": stop_ms,
         "late_events": {name: len(sink.events) - counts_at_stop[name] for name, sink in sinks.items()},
         "opened": opened_by_provider,

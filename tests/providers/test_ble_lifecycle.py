@@ -119,14 +119,17 @@ async def test_start_discovery_refused_is_translated(
 async def test_stop_discovery_acknowledged_returns_and_is_idempotent(bluez: BluezController) -> None:
     sink = RecordingSink()
     session = await BleProvider().start(ble_scope(), sink)
+    assert isinstance(session, BleSession) and session.worker_pid is not None
+    worker = session.worker_pid
     assert bluez.discovering()
     await session.stop()
     assert not bluez.discovering()
     await session.stop()
     assert len(bluez.method_calls("StopDiscovery")) == 1
+    with pytest.raises(ProcessLookupError):
+        os.kill(worker, 0)  # reaped with the stop: no process is left that could relay a later advert
     bluez.add_device(DEV_A, service_uuids=[HEART])
     bluez.update(DEV_A, rssi=-30)
-    await asyncio.sleep(0.1)
     assert sink.observations == []
 
 
@@ -191,7 +194,8 @@ async def test_stop_cancelled_by_the_caller_keeps_waiting_for_bluez(bluez: Bluez
     session = await BleProvider().start(ble_scope(cleanup_timeout_ms=2000), RecordingSink())
     bluez.stall_stop()
     stopping = asyncio.ensure_future(session.stop())
-    await asyncio.sleep(0.1)
+    await bluez.called("StopDiscovery", unless=stopping)
+    assert not stopping.done()  # bluetoothd holds the StopDiscovery unanswered
     stopping.cancel()
     with pytest.raises(asyncio.CancelledError):
         await stopping
@@ -236,7 +240,7 @@ async def test_adapter_powered_off_mid_session_fails_the_session(bluez: BluezCon
     assert failure.code == "provider-restarted"
     seen = len(sink.observations)
     bluez.update(DEV_A, rssi=-20)
-    await asyncio.sleep(0.05)
+    await asyncio.sleep(0.05)  # real peer: a "gone" worker forwards nothing, not even a marker
     assert len(sink.observations) == seen
     await session.stop()
     assert len(sink.failures) == 1

@@ -67,7 +67,7 @@ async def reports_of(sink: RecordingSink, address: str, count: int, timeout: flo
     """Wait until `count` observations of `address` arrived."""
     async with asyncio.timeout(timeout):
         while sink.addresses().count(address) < count:
-            await asyncio.sleep(0.005)
+            await asyncio.sleep(0.005)  # real peer: the BLE worker relays BlueZ's reports
 
 
 async def barrier(bluez: BluezController, sink: RecordingSink, **marker: Any) -> None:
@@ -277,8 +277,9 @@ async def test_named_adapters_scope_first_then_provider_then_bleak_default(bluez
     session = await scans_hci1.start(ble_scope(service_uuids=(HEART,), adapter="hci0"), RecordingSink())
     assert bluez.discovering("hci0") and not bluez.discovering("hci1")
     await session.stop()
-    bluez.set_powered(False, "hci1")  # bleak's default is the first powered adapter
-    await asyncio.sleep(0.1)  # bleak's manager learns it from the PropertiesChanged signal
+    # bleak's default is the first powered adapter. The control call returns once bluetoothd applied the
+    # change, and the next session's worker reads the adapters afresh (GetManagedObjects) when it starts.
+    bluez.set_powered(False, "hci1")
     sink = RecordingSink()
     session = await BleProvider().start(ble_scope(service_uuids=(HEART,)), sink)
     assert len(bluez.method_calls("StartDiscovery", "hci0")) == 2
@@ -318,7 +319,7 @@ async def test_nothing_is_left_running_after_stop(bluez: BluezController) -> Non
     pid = session.worker_pid
     assert pid is not None and bluez.clients() == [session.unique_name]
     await session.stop()
-    await asyncio.sleep(0)
+    await asyncio.sleep(0)  # real peer: one loop turn, for the worker pipe's reader to take its EOF
     leftovers = [t for t in asyncio.all_tasks() - before if not t.done()]
     assert leftovers == []
     assert not bluez.discovering() and bluez.clients() == []

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 import tracemalloc
 from collections.abc import AsyncIterator, Callable
@@ -21,7 +22,9 @@ import anyio
 import pytest
 import pytest_asyncio
 from zeroconf import Zeroconf
+from zeroconf._dns import DNSPointer
 from zeroconf.asyncio import AsyncServiceBrowser, AsyncServiceInfo, AsyncZeroconf
+from zeroconf.const import _CLASS_IN, _TYPE_PTR
 
 from connector.core.observations import MdnsObservation
 from connector.core.scope import DiscoveryScope, ScopeFilter
@@ -40,6 +43,8 @@ from tests.providers.mdns_peer import (
 
 PRINTERS = run_service_type("prn")
 SENSORS = run_service_type("sns")
+PROBES = run_service_type("prb")  # browsed by no session: a probe's PTR is only cached
+_probes = itertools.count()
 
 
 def mdns_scope(
@@ -79,18 +84,48 @@ async def announce_marker(responder: Responder, sink: RecordingSink) -> str:
     return marker
 
 
+async def heard(responder: Responder, *sessions: MdnsSession) -> None:
+    """Announce an out-of-scope probe until each session's engine has cached it.
+
+    Then each engine hears the responder, and has processed everything the responder sent before.
+    """
+    probe = ptr(PROBES, f"{run_instance(f'probe{next(_probes)}')}.{PROBES}")
+    engines = [session._zc for session in sessions]
+    async with asyncio.timeout(10):
+        while not all(_cached(engine, probe) for engine in engines):
+            responder.announce([probe])
+            await asyncio.sleep(0.05)  # real peer: the session's engine hears loopback multicast
+
+
+def _cached(engine: Zeroconf, record: DNSPointer) -> bool:
+    """True when `engine`'s cache holds the PTR `record`."""
+    found = engine.cache.async_all_by_details(record.name, _TYPE_PTR, _CLASS_IN)
+    return any(isinstance(r, DNSPointer) and r.alias == record.alias for r in found)
+
+
+async def witnessed(responder: Responder, service_type: str, instance: str) -> None:
+    """Register `instance` and wait until a fresh session reports it: its announcement is on the wire."""
+    witness = RecordingSink()
+    session = await provider().start(mdns_scope(service_type), witness)
+    try:
+        await responder.register(service_type, instance, {"k": "v"})
+        await witness.wait_for(named(instance), timeout_s=10)
+    finally:
+        await session.stop()
+
+
 async def resolutions_settled(session: MdnsSession) -> None:
     """Wait until no tracked instance has a resolution in flight."""
     async with asyncio.timeout(10):
         while any(i.task is not None for i in session._tracked.values()):
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # real peer: the responder answers (or not) over loopback
 
 
 async def failed(sink: RecordingSink) -> ProviderError:
     """The first failure the sink records."""
     async with asyncio.timeout(10):
         while not sink.failures:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # real peer: the session's engine on loopback
     return sink.failures[0]
 
 
@@ -230,7 +265,7 @@ async def test_a_present_instance_is_reported_again_at_every_presence_pass(respo
         await sink.wait_for(named(instance))
         async with asyncio.timeout(10):  # four passes take 0.8 s; a loaded machine may take longer
             while len([o for o in sink.mdns if named(instance)(o)]) < 4:
-                await asyncio.sleep(0.05)
+                await asyncio.sleep(0.05)  # real peer: the presence passes read a real engine's cache
     finally:
         await session.stop()
     seen = [o for o in sink.mdns if named(instance)(o)]
@@ -250,7 +285,10 @@ async def test_out_of_scope_instances_are_never_resolved(responder: Responder, r
     try:
         await sink.wait_for(named(alpha))
         await excluding.wait_for(named(gamma))
-        await asyncio.sleep(0.3)
+        assert isinstance(session, MdnsSession) and isinstance(other, MdnsSession)
+        await heard(responder, session, other)  # both engines have handled beta's records by now
+        await resolutions_settled(session)
+        await resolutions_settled(other)
     finally:
         await session.stop()
         await other.stop()
@@ -268,7 +306,7 @@ async def test_a_ptr_without_an_srv_answer_is_never_reported(responder: Responde
     sink = RecordingSink()
     session = await provider(resolve_timeout_ms=300).start(mdns_scope(SENSORS), sink)
     try:
-        await asyncio.sleep(0.2)
+        await heard(responder, session)
         responder.announce([ptr(SENSORS, ghost)])
         marker = await announce_marker(responder, sink)
         assert isinstance(session, MdnsSession) and session.tracked_count == 2
@@ -287,7 +325,7 @@ async def test_a_record_update_after_the_goodbye_does_not_bring_the_instance_bac
     sink = RecordingSink()
     session = await provider(presence_interval_s=0.2).start(mdns_scope(SENSORS), sink)
     try:
-        await asyncio.sleep(0.2)
+        await heard(responder, session)
         responder.announce([ptr(SENSORS, name), srv(name, 1111, "late.local.")])
         await sink.wait_for(lambda o: o.name == name and o.event == "add")
         responder.announce([ptr(SENSORS, name, ttl=0)])  # goodbye
@@ -310,7 +348,7 @@ async def test_malformed_names_and_colliding_srvs_are_skipped_without_a_crash(re
     sink = RecordingSink()
     session = await provider(presence_interval_s=0.2).start(mdns_scope(SENSORS), sink)
     try:
-        await asyncio.sleep(0.2)
+        await heard(responder, session)
         responder.announce(
             [
                 ptr(SENSORS, "no-type-suffix.local."),  # the alias does not end in the service type
@@ -345,8 +383,8 @@ async def test_a_flood_of_5000_instances_keeps_the_session_bounded(responder: Re
         before, _ = tracemalloc.get_traced_memory()
         for start in range(0, 5000, 250):
             responder.announce(flood[start : start + 250])
-            await asyncio.sleep(0.02)
-        await asyncio.sleep(1.0)
+            await asyncio.sleep(0.02)  # real peer: paced, so loopback's receive buffers take the flood
+        await heard(responder, narrow_session, wide_session)  # the engines handled the flood before it
         after, peak = tracemalloc.get_traced_memory()
         assert isinstance(narrow_session, MdnsSession) and isinstance(wide_session, MdnsSession)
         narrow_tracked, wide_tracked = narrow_session.tracked_count, wide_session.tracked_count
@@ -372,13 +410,13 @@ async def test_an_instance_left_out_for_lack_of_room_is_taken_in_once_a_slot_fre
     session = await provider(presence_interval_s=0.2).start(mdns_scope(SENSORS, max_candidates=1), sink)
     assert isinstance(session, MdnsSession)
     try:
-        await asyncio.sleep(0.2)
+        await heard(responder, session)
         responder.announce(
             [record for name in names for record in (ptr(SENSORS, name), srv(name, 80, "s.local."))]
         )
         async with asyncio.timeout(5):
             while len({o.name for o in sink.mdns}) < 2:
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.02)  # real peer: the responder's records over loopback
         assert session.tracked_count == 2  # max_candidates + 1
         first_two = {o.name for o in sink.mdns}
         [left_out] = set(names) - first_two
@@ -401,7 +439,7 @@ async def test_stop_ends_resolutions_and_closes_every_socket_before_it_returns(r
     responder.announce([ptr(PRINTERS, f"{run_instance('pending')}.{PRINTERS}")])
     async with asyncio.timeout(5):
         while session.tracked_count == 0:
-            await asyncio.sleep(0.02)
+            await asyncio.sleep(0.02)  # real peer: the responder's PTR over loopback
     async with asyncio.timeout(
         30
     ):  # far below the pending 10-minute resolution; timing: bench/mdns_stop.py (timing: bench/mdns_bench.py)
@@ -409,8 +447,7 @@ async def test_stop_ends_resolutions_and_closes_every_socket_before_it_returns(r
     assert all(s.fileno() == -1 for s in sockets)
     assert zeroconf_tasks() == []
     await session.stop()  # idempotent
-    await responder.register(PRINTERS, run_instance("after-stop"), {"k": "v"})
-    await asyncio.sleep(0.3)
+    await witnessed(responder, PRINTERS, run_instance("after-stop"))
     assert sink.observations == [] and sink.failures == []
 
 
@@ -441,8 +478,7 @@ async def test_aclose_stops_open_sessions(responder: Responder) -> None:
     await mdns.start(mdns_scope(SENSORS), sink)
     await mdns.aclose()
     await mdns.aclose()
-    await responder.register(SENSORS, run_instance("after-close"), {"k": "v"})
-    await asyncio.sleep(0.3)
+    await witnessed(responder, SENSORS, run_instance("after-close"))
     assert sink.observations == []
     assert zeroconf_tasks() == []
 
@@ -482,7 +518,7 @@ async def sockets_of(azc: AsyncZeroconf) -> list[Any]:
     """The engine's sockets, once it has opened them."""
     async with asyncio.timeout(10):
         while not (found := mdns_module.engine_sockets(azc)):
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # real peer: python-zeroconf opens its sockets
     return found
 
 
@@ -491,7 +527,7 @@ async def all_closed(sockets: list[Any]) -> bool:
     with contextlib.suppress(TimeoutError):
         async with asyncio.timeout(5):
             while any(s.fileno() != -1 for s in sockets):
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(0.01)  # real peer: the transports close their sockets
     return all(s.fileno() == -1 for s in sockets)
 
 
@@ -503,7 +539,7 @@ async def test_a_start_cancelled_while_the_engine_starts_closes_the_engine(
     starting = asyncio.ensure_future(provider().start(mdns_scope(SENSORS), RecordingSink()))
     async with asyncio.timeout(10):
         while not engines:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0.01)  # real peer: the provider opens its engine
     sockets = await sockets_of(engines[0])
     starting.cancel()
     with pytest.raises(asyncio.CancelledError):
