@@ -58,7 +58,7 @@ class Pane:
             text = self.everything() if whole else self.screen()
             if re.search(pattern, text, re.M):
                 return text
-            time.sleep(0.1)
+            time.sleep(0.1)  # real peer: the scan process draws in the tmux pane
         raise AssertionError(f"{pattern!r} did not show up:\n{self.everything()}")
 
     def close(self) -> None:

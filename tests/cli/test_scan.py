@@ -203,7 +203,7 @@ def test_sigint_cancels_and_waits_for_the_confirmed_stop() -> None:
         assert process.stderr is not None
         line = process.stderr.readline()
         assert "scanning" in line, line
-        time.sleep(0.8)
+        time.sleep(0.8)  # real peer: the scan process; nothing it prints says it is running
         started = time.monotonic()
         process.send_signal(signal.SIGINT)
         stdout, stderr = process.communicate(timeout=15)

@@ -948,7 +948,7 @@ class Emulator:
         for i in range(count):
             due = start + i / rate
             if due > loop.time():
-                await asyncio.sleep(due - loop.time())
+                await asyncio.sleep(due - loop.time())  # real peer: the emulator's scripted report rate
             adv = {"rssi": rssi[i % len(rssi)], "uuids": [STREAM_UUID], "name": "bench"}
             self.report(adapter, addresses[i % len(addresses)], adv)
             self.stream_sent = i + 1

@@ -303,6 +303,7 @@ async def test_an_ipv6_only_responder_is_seen_on_the_default_interface(ipv6_lab:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # avahi's lab namespace and a driver process
 async def test_no_multicast_capable_interface_fails_provider_unavailable(tmp_path: Path) -> None:
     lab = AvahiLab(tmp_path / "bare", "lo")
     lab._add_namespace(lab.tag)  # only `lo`, without the multicast flag and without routes

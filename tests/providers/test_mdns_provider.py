@@ -43,6 +43,7 @@ from tests.providers.mdns_peer import (
 
 PRINTERS = run_service_type("prn")
 SENSORS = run_service_type("sns")
+# A test that opens an engine is `realtime`: python-zeroconf sends and hears on real loopback sockets.
 PROBES = run_service_type("prb")  # browsed by no session: a probe's PTR is only cached
 _probes = itertools.count()
 
@@ -216,6 +217,7 @@ async def test_no_multicast_capable_interface_is_provider_unavailable(
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_the_interfaces_are_chosen_again_at_every_session_start(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -238,6 +240,7 @@ async def test_the_interfaces_are_chosen_again_at_every_session_start(
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_a_resolved_instance_is_reported_without_its_txt_and_with_its_ptr_ttl(
     responder: Responder,
 ) -> None:
@@ -256,6 +259,7 @@ async def test_a_resolved_instance_is_reported_without_its_txt_and_with_its_ptr_
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_a_present_instance_is_reported_again_at_every_presence_pass(responder: Responder) -> None:
     instance = run_instance("steady")
     await responder.register(SENSORS, instance, {"k": "v"})
@@ -274,6 +278,7 @@ async def test_a_present_instance_is_reported_again_at_every_presence_pass(respo
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_out_of_scope_instances_are_never_resolved(responder: Responder, resolved: list[str]) -> None:
     alpha, beta, gamma = run_instance("alpha"), run_instance("beta"), run_instance("gamma")
     for name in (alpha, beta, gamma):
@@ -301,6 +306,7 @@ async def test_out_of_scope_instances_are_never_resolved(responder: Responder, r
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_a_ptr_without_an_srv_answer_is_never_reported(responder: Responder) -> None:
     ghost = f"{run_instance('ghost')}.{SENSORS}"
     sink = RecordingSink()
@@ -317,6 +323,7 @@ async def test_a_ptr_without_an_srv_answer_is_never_reported(responder: Responde
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_a_record_update_after_the_goodbye_does_not_bring_the_instance_back(
     responder: Responder,
 ) -> None:
@@ -341,6 +348,7 @@ async def test_a_record_update_after_the_goodbye_does_not_bring_the_instance_bac
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_malformed_names_and_colliding_srvs_are_skipped_without_a_crash(responder: Responder) -> None:
     good = run_instance("good")
     await responder.register(SENSORS, good, {"k": "v"})
@@ -369,6 +377,7 @@ async def test_malformed_names_and_colliding_srvs_are_skipped_without_a_crash(re
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_a_flood_of_5000_instances_keeps_the_session_bounded(responder: Responder) -> None:
     flood_type = run_service_type("fld")
     keep = run_instance("keep")
@@ -402,6 +411,7 @@ async def test_a_flood_of_5000_instances_keeps_the_session_bounded(responder: Re
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_an_instance_left_out_for_lack_of_room_is_taken_in_once_a_slot_frees(
     responder: Responder,
 ) -> None:
@@ -430,6 +440,7 @@ async def test_an_instance_left_out_for_lack_of_room_is_taken_in_once_a_slot_fre
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_stop_ends_resolutions_and_closes_every_socket_before_it_returns(responder: Responder) -> None:
     sink = RecordingSink()
     session = await provider(resolve_timeout_ms=600_000).start(mdns_scope(PRINTERS), sink)
@@ -452,6 +463,7 @@ async def test_stop_ends_resolutions_and_closes_every_socket_before_it_returns(r
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_stop_unconfirmed_when_the_browser_does_not_acknowledge(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -472,6 +484,7 @@ async def test_stop_unconfirmed_when_the_browser_does_not_acknowledge(
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_aclose_stops_open_sessions(responder: Responder) -> None:
     mdns = provider()
     sink = RecordingSink()
@@ -532,6 +545,7 @@ async def all_closed(sockets: list[Any]) -> bool:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_a_start_cancelled_while_the_engine_starts_closes_the_engine(
     monkeypatch: pytest.MonkeyPatch, engines: list[AsyncZeroconf]
 ) -> None:
@@ -549,6 +563,7 @@ async def test_a_start_cancelled_while_the_engine_starts_closes_the_engine(
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_a_start_cancelled_by_an_anyio_scope_closes_the_engine(
     monkeypatch: pytest.MonkeyPatch, engines: list[AsyncZeroconf]
 ) -> None:
@@ -560,6 +575,7 @@ async def test_a_start_cancelled_by_an_anyio_scope_closes_the_engine(
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_an_unexpected_fault_starting_the_browser_closes_the_engine_and_is_raised(
     monkeypatch: pytest.MonkeyPatch, engines: list[AsyncZeroconf]
 ) -> None:
@@ -578,6 +594,7 @@ async def test_an_unexpected_fault_starting_the_browser_closes_the_engine_and_is
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime
 async def test_aclose_stops_every_session_although_one_raises(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -600,6 +617,7 @@ async def test_aclose_stops_every_session_although_one_raises(
 
 @pytest.mark.asyncio
 @pytest.mark.parametrize("where", ["_report", "presence_pass"])
+@pytest.mark.realtime
 async def test_a_fault_in_a_session_task_fails_the_session_with_a_fixed_text(
     monkeypatch: pytest.MonkeyPatch, responder: Responder, caplog: pytest.LogCaptureFixture, where: str
 ) -> None:

@@ -18,6 +18,8 @@ from connector.core.candidates import candidate_content
 from connector.core.observations import UsbObservation
 from tests.providers.serial_ns import namespace_prefix, run_scenario
 
+pytestmark = pytest.mark.realtime  # each scenario runs as a process in mount and user namespaces
+
 POLL_S = 0.2
 ADD_AT_S, VANISH_AT_S, REMOVE_AT_S, WINDOW_S = 0.9, 1.2, 1.8, 2.7
 FTDI, FT2232, ARDUINO = [0x0403, 0x6001], [0x0403, 0x6010], [0x2341, 0x0043]

@@ -8,11 +8,12 @@ import secrets
 import subprocess
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from connector.cli import fixtures_cmd
+from connector.cli.recorder import FixtureFile
 from connector.core.observations import Observation
 from connector.core.scope import DiscoveryProfile, DiscoveryScope
 from connector.core.snapshot import CandidateTable
@@ -41,6 +42,23 @@ PROFILE = DiscoveryProfile(
     candidate_ttl_seconds=30,
     cleanup_timeout_ms=1000,
 )
+
+
+class WatchedFixture(FixtureFile):
+    """A fixture file that also keeps the lines it is given, so a test can wait for one to be recorded."""
+
+    def __init__(self, target: Path) -> None:
+        super().__init__(target)
+        self.lines: list[dict[str, Any]] = []
+
+    def write(self, line: Mapping[str, Any]) -> None:
+        """Keep the line, then append it to the file."""
+        self.lines.append(dict(line))
+        super().write(line)
+
+    def holds(self, **fields: object) -> bool:
+        """True once a recorded line carries every one of `fields`."""
+        return any(all(line.get(k) == v for k, v in fields.items()) for line in self.lines)
 
 
 class TableSink:

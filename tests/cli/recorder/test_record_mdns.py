@@ -15,7 +15,6 @@ import pytest_asyncio
 
 from connector.cli.fixtures_cmd import find_service_types
 from connector.cli.recorder import (
-    FixtureFile,
     FixtureHeader,
     Pseudonymiser,
     Recorder,
@@ -25,9 +24,17 @@ from connector.cli.recorder import (
 )
 from connector.core.observations import MdnsObservation
 from connector.core.scope import DiscoveryScope, ScopeFilter, mdns_instance
+from connector.timer import VirtualTimer
 from providers.mdns import MdnsProvider
 from providers.replay import ReplayProvider
-from tests.cli.recorder.support import CLI_SCRIPT, TableSink, content, fixture_lines, spawn_cli
+from tests.cli.recorder.support import (
+    CLI_SCRIPT,
+    TableSink,
+    WatchedFixture,
+    content,
+    fixture_lines,
+    spawn_cli,
+)
 from tests.providers.mdns_peer import LOOPBACK, Responder, run_instance, run_service_type
 from tests.support.paths import REPO
 from tests.support.waiting import wait_until
@@ -81,7 +88,8 @@ async def record_alongside_live(
     live = TableSink(lamps_scope())
     session = await provider.start(lamps_scope(), live)
     header = FixtureHeader("mdns", "2026-11-30T10:00:00Z", None, library_versions(), "loopback")
-    recorder = Recorder(provider, recording_scope("mdns", 30, service_types=[LAMPS]), FixtureFile(target),
+    fixture = WatchedFixture(target)
+    recorder = Recorder(provider, recording_scope("mdns", 30, service_types=[LAMPS]), fixture,
                         header, pseudonymiser=None if keep else Pseudonymiser())
     status = _Started()
     task = asyncio.ensure_future(recorder.run(30, task_status=status))
@@ -89,7 +97,7 @@ async def record_alongside_live(
         await asyncio.wait_for(status.event.wait(), 5)
         async with Responder() as responder:
             await play_story(responder, live)
-            await asyncio.sleep(0.3)  # the recording's browser saw the removal too
+            await wait_until(lambda: fixture.holds(event="remove"))  # the recording saw the removal too
             # Both end while the kitchen lamp is still announced (closing the responder withdraws it).
             await session.stop()
             recorder.finish()
@@ -104,15 +112,15 @@ async def record_alongside_live(
 
 async def replay(target: Path) -> TableSink:
     sink = TableSink(lamps_scope())
-    session = await ReplayProvider(target, speed=8.0).start(lamps_scope(), sink)
-    async with asyncio.timeout(10):
-        while not session.finished:
-            await asyncio.sleep(0.01)
+    timer = VirtualTimer()
+    session = await ReplayProvider(target, speed=8.0, timer=timer).start(lamps_scope(), sink)
+    await timer.run_until(lambda: session.finished)
     await session.stop()
     return sink
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # python-zeroconf engines on loopback sockets
 async def test_a_recording_with_kept_identities_replays_to_the_live_candidates(
     provider: MdnsProvider, tmp_path: Path
 ) -> None:
@@ -132,6 +140,7 @@ async def test_a_recording_with_kept_identities_replays_to_the_live_candidates(
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # python-zeroconf engines on loopback sockets
 async def test_mdns_identities_are_pseudonymised_and_the_type_suffix_kept(
     provider: MdnsProvider, tmp_path: Path
 ) -> None:
@@ -157,6 +166,7 @@ async def test_mdns_identities_are_pseudonymised_and_the_type_suffix_kept(
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # python-zeroconf engines on loopback sockets
 async def test_service_types_are_learned_from_the_dns_sd_meta_query() -> None:
     async with Responder() as responder:
         await responder.register(LAMPS, KITCHEN, {})

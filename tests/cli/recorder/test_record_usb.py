@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from connector.cli.recorder import (
-    FixtureFile,
     FixtureHeader,
     Pseudonymiser,
     Recorder,
@@ -18,9 +17,11 @@ from connector.cli.recorder import (
     recording_scope,
 )
 from connector.core.scope import DiscoveryScope, ScopeFilter
+from connector.timer import VirtualTimer
 from providers.replay import ReplayProvider
 from providers.serial import PortInfo, SerialProvider
-from tests.cli.recorder.support import TableSink, content, fixture_lines
+from tests.cli.recorder.support import TableSink, WatchedFixture, content, fixture_lines
+from tests.support.waiting import wait_until
 
 FTDI_SERIAL = "A50285BI"
 ARDUINO_SERIAL = "85735313"
@@ -68,10 +69,9 @@ class _Started:
 
 async def replay(target: Path, scope: DiscoveryScope) -> TableSink:
     sink = TableSink(scope)
-    session = await ReplayProvider(target, speed=4.0).start(scope, sink)
-    async with asyncio.timeout(10):
-        while not session.finished:
-            await asyncio.sleep(0.01)
+    timer = VirtualTimer()
+    session = await ReplayProvider(target, speed=4.0, timer=timer).start(scope, sink)
+    await timer.run_until(lambda: session.finished)
     await session.stop()
     return sink
 
@@ -84,17 +84,18 @@ async def test_usb_recording_pseudonymises_serials_and_replays_to_the_live_candi
     live_session = await provider.start(FTDI_SCOPE, live)
     target = tmp_path / "usb.jsonl"
     header = FixtureHeader("usb-serial", "2026-11-30T10:00:00Z", None, library_versions(), "scripted ports")
-    recorder = Recorder(provider, recording_scope("usb-serial", 30), FixtureFile(target), header,
+    fixture = WatchedFixture(target)
+    recorder = Recorder(provider, recording_scope("usb-serial", 30), fixture, header,
                         pseudonymiser=Pseudonymiser())
     status = _Started()
     task = asyncio.ensure_future(recorder.run(30, task_status=status))
     try:
         await asyncio.wait_for(status.event.wait(), 5)
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: fixture.holds(device=FTDI.device) and bool(live.observations))
         bench.ports.append(ARDUINO)
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: fixture.holds(device=ARDUINO.device, event="add"))
         bench.ports.remove(ARDUINO)
-        await asyncio.sleep(0.2)
+        await wait_until(lambda: fixture.holds(device=ARDUINO.device, event="remove"))
         recorder.finish()
         result = await asyncio.wait_for(task, 5)
     finally:

@@ -27,6 +27,7 @@ from providers.faults import HANG, RAISE, Fault, FaultProvider
 from providers.replay import load_fixture
 from tests.cli.recorder.support import fixture_lines
 from tests.support.directives import HEART_RATE
+from tests.support.waiting import wait_until
 
 ADDRESS = "C4:7C:8D:6A:11:22"
 OTHER = "C4:7C:8D:6A:33:44"
@@ -124,7 +125,7 @@ async def test_abort_confirms_the_stop_and_keeps_nothing(tmp_path: Path) -> None
     provider = FaultProvider(TIMELINE)
     recorder = recorder_for(provider, tmp_path / "ble.jsonl")
     task = asyncio.ensure_future(recorder.run(30))
-    await asyncio.sleep(0.2)
+    await wait_until(lambda: recorder.observations >= 2)
     recorder.abort()
     result = await asyncio.wait_for(task, 5)
     assert (result.outcome, result.written, result.stop_confirmed) == (RecordingOutcome.ABORTED, False, True)
@@ -134,8 +135,9 @@ async def test_abort_confirms_the_stop_and_keeps_nothing(tmp_path: Path) -> None
 @pytest.mark.asyncio
 async def test_cancelling_the_run_still_stops_the_provider_and_keeps_nothing(tmp_path: Path) -> None:
     provider = FaultProvider(TIMELINE)
-    task = asyncio.ensure_future(recorder_for(provider, tmp_path / "ble.jsonl").run(30))
-    await asyncio.sleep(0.15)
+    recorder = recorder_for(provider, tmp_path / "ble.jsonl")
+    task = asyncio.ensure_future(recorder.run(30))
+    await wait_until(lambda: recorder.observations >= 2)  # recording: the provider runs
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task

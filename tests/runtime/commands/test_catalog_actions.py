@@ -41,6 +41,7 @@ def test_from_catalog(repo_root: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # the catalog's command processes
 async def test_catalog_actions_run(tmp_path: Path, repo_root: Path) -> None:
     actions = _actions(repo_root)
     redact = CommandAction.from_catalog(actions["whisper.redaction.prepare"])  # type: ignore[arg-type]

@@ -67,6 +67,7 @@ def run(stdin: bytes, repo_root: Path) -> subprocess.CompletedProcess[bytes]:
     )
 
 
+@pytest.mark.realtime  # a `python -m connector.actions.redact` process
 def test_program_round_trip(repo_root: Path) -> None:
     done = run(json.dumps({"text": "ring 0171-1234567 or mail é@example.org"}).encode(), repo_root)
     assert done.returncode == 0 and done.stderr == b""
@@ -90,6 +91,7 @@ def test_program_round_trip(repo_root: Path) -> None:
         b"",
     ],
 )
+@pytest.mark.realtime  # a `python -m connector.actions.redact` process
 def test_program_refuses_bad_input_without_echo(stdin: bytes, repo_root: Path) -> None:
     done = run(stdin, repo_root)
     assert done.returncode == 2

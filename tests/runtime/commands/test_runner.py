@@ -70,6 +70,7 @@ def db_bytes(data: Path) -> bytes:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_os_info_sync(tmp_path: Path) -> None:
     async with running(tmp_path) as (state, runner):
         doc = await runner.submit(op_id(1), "alice", OS_INFO, {}, "sync", now())
@@ -88,6 +89,7 @@ async def test_os_info_sync(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_redact_sync_through_the_python_alias(tmp_path: Path) -> None:
     text = {"text": "write to jane@example.org or call +49 30 1234567"}
     async with running(tmp_path) as (state, runner):
@@ -103,6 +105,7 @@ async def test_redact_sync_through_the_python_alias(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_redact_async_handle_polls_and_result(tmp_path: Path) -> None:
     causal = {"operation/id": "flow-1", "trace/id": "t-9"}
     async with running(tmp_path) as (state, runner):
@@ -132,6 +135,7 @@ async def test_redact_async_handle_polls_and_result(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_stdin_json_reaches_the_program_and_none_gets_no_stdin(tmp_path: Path) -> None:
     echo = program_action("echo", input="stdin-json")
     async with running(tmp_path) as (_, runner):
@@ -154,6 +158,7 @@ async def test_mode_is_checked_before_anything_runs(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_failure_is_stable_and_never_echoes_stderr(tmp_path: Path) -> None:
     canary = "CANARY-STDERR-77c1"
     async with running(tmp_path) as (_, runner):
@@ -239,6 +244,7 @@ async def test_expiry_ends_running_work(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_output_bound(tmp_path: Path) -> None:
     async with running(tmp_path, max_output_bytes=4096) as (_, runner):
         doc = await runner.submit(op_id(13), "alice", program_action("flood", "1000000"), {}, "sync", now())
@@ -253,6 +259,7 @@ async def test_output_bound(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_output_that_is_not_json(tmp_path: Path) -> None:
     async with running(tmp_path) as (_, runner):
         nan = await runner.submit(op_id(16), "alice", program_action("nan"), {}, "sync", now())
@@ -262,6 +269,7 @@ async def test_output_that_is_not_json(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_concurrency_is_bounded_and_queued_work_cancels_at_once(tmp_path: Path) -> None:
     markers = [tmp_path / f"m{i}.pid" for i in range(3)]
     moves: list[tuple[str, str]] = []
@@ -292,6 +300,7 @@ async def test_concurrency_is_bounded_and_queued_work_cancels_at_once(tmp_path: 
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_cancel_running_sigterm(tmp_path: Path) -> None:
     marker = tmp_path / "m.pid"
     async with running(tmp_path, kill_after_seconds=25) as (state, runner):
@@ -339,6 +348,7 @@ async def test_cancel_running_program_ignoring_sigterm_gets_sigkill(tmp_path: Pa
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_not_cancelable(tmp_path: Path) -> None:
     marker = tmp_path / "m.pid"
     action = program_action("sleep", str(marker), "0.5", cancel="none")
@@ -366,6 +376,7 @@ async def test_unknown_operation(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_sync_caller_going_away_terminates_the_program(tmp_path: Path) -> None:
     marker = tmp_path / "m.pid"
     async with running(tmp_path) as (state, runner):
@@ -380,6 +391,7 @@ async def test_sync_caller_going_away_terminates_the_program(tmp_path: Path) -> 
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_replays_answer_exactly_as_the_first_time(tmp_path: Path) -> None:
     async with running(tmp_path) as (_, runner):
         first = await runner.submit(op_id(41), "alice", REDACT, {"text": "x"}, "async", now())
@@ -393,6 +405,7 @@ async def test_replays_answer_exactly_as_the_first_time(tmp_path: Path) -> None:
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_runner_shutdown_marks_running_work_interrupted(tmp_path: Path) -> None:
     marker = tmp_path / "m.pid"
     async with await ConnectorState.open(tmp_path) as state:
@@ -408,6 +421,7 @@ async def test_runner_shutdown_marks_running_work_interrupted(tmp_path: Path) ->
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_purge_forgets_old_terminal_rows(tmp_path: Path) -> None:
     async with running(tmp_path) as (_, runner):
         await runner.submit(op_id(44), "alice", OS_INFO, {}, "sync", now())
@@ -441,6 +455,7 @@ anyio.run(main)
 
 
 @pytest.mark.asyncio
+@pytest.mark.realtime  # real command processes
 async def test_restart_recovery_after_kill_9(tmp_path: Path, repo_root: Path) -> None:
     data, marker = tmp_path / "data", tmp_path / "m.pid"
     host = subprocess.Popen(
