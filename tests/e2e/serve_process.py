@@ -83,4 +83,4 @@ def wait_host_status(
         document = host_status(client, op_id)
         if document["status"] in until or time.monotonic() > deadline:
             return document
-        time.sleep(interval)
+        time.sleep(interval)  # real peer: the serve process

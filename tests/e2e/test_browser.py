@@ -45,7 +45,7 @@ def wait_running_with_candidates(client: httpx.Client, op_id: str, timeout: floa
         status = host_status(client, op_id)
         if status["status"] == "running" and status.get("progress", {}).get("snapshot", {}).get("candidates"):
             return
-        time.sleep(0.1)
+        time.sleep(0.1)  # real peer: the serve process runs the scan
     raise AssertionError("the scan did not show a candidate while running")
 
 
@@ -105,7 +105,7 @@ def test_sign_in_list_open_cancel_and_watch_it_end_cancelled(tmp_path: Path) -> 
                 seen = [page.inner_text("#status")]
                 deadline = time.monotonic() + 20
                 while seen[-1] != "cancelled" and time.monotonic() < deadline:
-                    time.sleep(0.2)
+                    time.sleep(0.2)  # real peer: the serve process confirms the cancel
                     page.click("#reload")
                     seen.append(page.inner_text("#status"))
                 assert seen[-1] == "cancelled", seen

@@ -60,7 +60,7 @@ def _status_becomes(page: Any, wanted: str, timeout: float) -> bool:
                 return True
         except Exception:  # the page was reloading at that moment
             pass
-        time.sleep(0.25)
+        time.sleep(0.25)  # real peer: the page in the browser reloads itself
     return False
 
 
@@ -163,7 +163,7 @@ def test_every_route_listed_self_refreshing_adapters_and_phone_layout(tmp_path: 
             finally:
                 browser.close()
         usb.adapter(stop="ack")
-        time.sleep(0.1)
+        assert connector.stop() == 0  # every line is in the log once the process has exited
         logs = connector.logs()
     for html in pages:
         assert canary not in html and "C0:FF:EE:00:00:01" not in html

@@ -84,7 +84,7 @@ def _wait(log: Path, process: subprocess.Popen[bytes], timeout: float) -> str:
         if _SERVING.search(text):
             return text
         assert process.poll() is None, text
-        time.sleep(0.1)
+        time.sleep(0.1)  # real peer: the serve process writes its log
     raise AssertionError(log.read_text(errors="replace"))
 
 

@@ -44,13 +44,13 @@ async def _poll(
             polls.append(response.json())
             if until(polls[-1]):
                 return polls
-            await anyio.sleep(0.1)
+            await anyio.sleep(0.1)  # real peer: the serve process
 
 
 async def _pid_from(marker: Path) -> int:
     with anyio.fail_after(20):
         while not marker.exists():
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # real peer: the command subprocess writes its pid
     return int(marker.read_text())
 
 

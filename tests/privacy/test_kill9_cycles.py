@@ -273,4 +273,4 @@ async def _until_candidates_reach_the_caller(http: httpx.AsyncClient, op_id: str
             labels = {candidate.get("label") for candidate in snapshot.get("candidates", ())}
             if set(canaries.names) <= labels:
                 return
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # real peer: the serve process

@@ -267,7 +267,7 @@ def wait_all_delivered(client: httpx.Client, ops: Mapping[str, str], c: Canaries
             if candidates_of(status):
                 assert_caller_sees_canary(transport, status, c)
                 break
-            time.sleep(0.1)
+            time.sleep(0.1)  # real peer: the serve process
         else:
             raise AssertionError(f"{transport}: no candidate delivered while running")
 

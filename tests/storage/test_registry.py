@@ -397,7 +397,7 @@ async def test_a_cancelled_caller_never_leaves_a_write_half_done(tmp_path: Path)
                 group.start_soon(registry.put_continuation, row.operation_id, {"n": n})
                 group.start_soon(_status, registry, row.operation_id, "running")
                 for _ in range(n % 6):
-                    await anyio.sleep(0)
+                    await anyio.lowlevel.checkpoint()
                 group.cancel_scope.cancel()
             assert not registry._db.in_transaction
     finally:

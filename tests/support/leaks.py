@@ -58,9 +58,9 @@ def leaks(before: Snapshot, loop: asyncio.AbstractEventLoop | None) -> list[str]
         if not (tasks or threads or children) or time.monotonic() > deadline:
             break
         if tasks and loop is not None:
-            loop.run_until_complete(asyncio.sleep(0.02))  # let cancelled tasks finish
+            loop.run_until_complete(asyncio.sleep(0.02))  # real peer: cancelled tasks end; the loop checks
         else:
-            time.sleep(0.02)
+            time.sleep(0.02)  # real peer: threads and child processes end; the condition ends it
     return (
         [f"task {task.get_name()}: {task.get_coro()!r}" for task in tasks]
         + [f"thread {thread.name} (daemon={thread.daemon})" for thread in threads]

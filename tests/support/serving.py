@@ -131,5 +131,5 @@ async def wait_exit(process: subprocess.Popen[bytes], timeout: float) -> int:
     """The exit code, waiting without blocking the event loop."""
     with anyio.fail_after(timeout):
         while process.poll() is None:
-            await anyio.sleep(0.05)
+            await anyio.sleep(0.05)  # real peer: the serve process
     return process.returncode
