@@ -278,7 +278,7 @@ async def test_named_adapters_scope_first_then_provider_then_bleak_default(bluez
     assert bluez.discovering("hci0") and not bluez.discovering("hci1")
     await session.stop()
     # bleak's default is the first powered adapter. The control call returns once bluetoothd applied the
-    # change, and the next session's worker reads the adapters afresh (GetManagedObjects) when it starts.
+    # change, and hci0 comes first by name whether or not the link has heard hci1 power off by then.
     bluez.set_powered(False, "hci1")
     sink = RecordingSink()
     session = await BleProvider().start(ble_scope(service_uuids=(HEART,)), sink)
