@@ -113,15 +113,10 @@ async def all_tasks_blocked() -> None:
 
 _BLOCKED_PASSES = 3
 _THREAD_YIELD_S = 0.0005
-# Coroutines that wait for a worker thread's answer (aiosqlite's queue to its connection thread, anyio's and
-# asyncio's thread offloads): such a task is busy, not blocked, until the thread answers.
+# Coroutines that wait for a worker thread's answer: any of aiosqlite's (each awaits its connection thread),
+# and anyio's and asyncio's thread offloads. Such a task is busy, not blocked, until the thread answers.
 _THREAD_HOPS = frozenset(
-    {
-        ("aiosqlite", "_execute"),
-        ("aiosqlite", "_connect"),
-        ("anyio", "run_sync_in_worker_thread"),
-        ("asyncio", "to_thread"),
-    }
+    {("aiosqlite", "*"), ("anyio", "run_sync_in_worker_thread"), ("asyncio", "to_thread")}
 )
 
 
@@ -152,7 +147,7 @@ def _awaited_by(coroutine: Any) -> Any:
 @functools.cache  # one answer per code location: the walk runs for every task on every loop pass
 def _is_thread_hop(filename: str, function: str) -> bool:
     folders = PurePath(filename).parts
-    return any(package in folders and function == name for package, name in _THREAD_HOPS)
+    return any(package in folders and name in ("*", function) for package, name in _THREAD_HOPS)
 
 
 class VirtualTimer:

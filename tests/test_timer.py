@@ -116,9 +116,9 @@ async def test_an_advance_waits_for_woken_tasks_by_yielding_never_by_sleeping(
     real_sleep = asyncio.sleep
     slept: list[float] = []
 
-    async def recording_sleep(delay: float) -> None:
+    async def recording_sleep(delay: float) -> None:  # real peer: a spy on asyncio's own sleep
         slept.append(delay)
-        await real_sleep(delay)
+        await real_sleep(delay)  # real peer: asyncio's own sleep, passed through by the spy
 
     seen: list[int] = []
 
@@ -126,7 +126,7 @@ async def test_an_advance_waits_for_woken_tasks_by_yielding_never_by_sleeping(
         for _ in range(50):
             await timer.sleep_until(timer.now_ms() + 10)
             seen.append(timer.now_ms())
-            await real_sleep(0)  # still runnable when the clock looks: the advance must wait for it
+            await real_sleep(0)  # real peer: one loop turn, runnable when the clock looks; the advance waits
 
     async with anyio.create_task_group() as tg:
         tg.start_soon(ticker)
@@ -138,7 +138,7 @@ async def test_an_advance_waits_for_woken_tasks_by_yielding_never_by_sleeping(
     assert slept and set(slept) == {0}
 
 
-async def _write_then_sleep(
+async def _write_then_wait(
     timer: VirtualTimer, database: Path, gate: threading.Event, log: list[int]
 ) -> None:
     """An aiosqlite statement that waits on `gate` in the connection's thread, then a 10 ms virtual sleep."""
@@ -155,7 +155,7 @@ async def test_an_advance_waits_for_a_task_whose_statement_is_on_aiosqlite_s_thr
     gate = threading.Event()
     log: list[int] = []
     async with anyio.create_task_group() as tg:
-        tg.start_soon(_write_then_sleep, timer, tmp_path / "t.sqlite", gate, log)
+        tg.start_soon(_write_then_wait, timer, tmp_path / "t.sqlite", gate, log)
         releaser = threading.Timer(0.05, gate.set)  # real peer: another thread opens the gate
         releaser.start()
         await timer.advance(0)
@@ -169,14 +169,14 @@ async def test_an_advance_waits_for_a_thread_offload() -> None:
     gate = threading.Event()
     log: list[str] = []
 
-    async def offload_then_sleep() -> None:
+    async def offload_then_wait() -> None:
         await anyio.to_thread.run_sync(gate.wait)
         log.append("back")
         await timer.sleep_until(5)
         log.append("woke")
 
     async with anyio.create_task_group() as tg:
-        tg.start_soon(offload_then_sleep)
+        tg.start_soon(offload_then_wait)
         releaser = threading.Timer(0.05, gate.set)  # real peer: another thread opens the gate
         releaser.start()
         await timer.advance(5)

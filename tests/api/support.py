@@ -39,7 +39,7 @@ CANARY = "CANARY-h10-5e1f0c9a"
 # `python3 -c`: write the pid to the marker (atomically), then sleep; SIGTERM ends it.
 _SLEEPER = (
     "import os,sys,time,pathlib;p=pathlib.Path(sys.argv[1]);t=p.with_suffix('.tmp');"
-    "t.write_text(str(os.getpid()));t.replace(p);time.sleep(float(sys.argv[2]))"
+    "t.write_text(str(os.getpid()));t.replace(p);time.sleep(float(sys.argv[2]))"  # real peer: its run
 )
 
 CALLER_GRANTS = (SCAN, REDACT, INFO, SLEEP, STUBBORN)

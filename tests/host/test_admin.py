@@ -183,8 +183,7 @@ async def test_operator_cancel_is_bridged_where_cancelable(tmp_path: Path) -> No
             while (await client.post(f"{ADMIN}/{op_id}/poll", headers=bearer(tokens.operator))).json()[
                 "operation"
             ]["status"] != "cancelled":
-                # real peer: the stubborn command below is a subprocess, so this test runs on real time
-                await anyio.sleep(0.05)
+                await anyio.sleep(0.05)  # real peer: the stubborn command is a subprocess: real time
         terminal_again = await client.post(f"{ADMIN}/{op_id}/cancel", headers=bearer(tokens.operator))
         assert (
             terminal_again.status_code == 200 and terminal_again.json()["operation"]["status"] == "cancelled"

@@ -68,7 +68,7 @@ class FlowConsumer:
         if resumption.resumed:
             binding = resumption.continuation["resume_point"]["output_binding"]
             self.step_four_inputs.append(resumption.continuation["context"][binding])
-        await anyio.sleep(0)  # a real flow would await its next step here
+        await anyio.lowlevel.checkpoint()  # a real flow would await its next step here
 
 
 async def _suspended(host: HostService, port: FakePort, action: str = "whisper.redaction.prepare") -> str:

@@ -107,7 +107,7 @@ async def poll_to_end(
             polls.append(await delivered_status(manager, operation_id))
             if polls[-1]["status"] not in ("pending", "running"):
                 break
-            await anyio.sleep(every_s)
+            await anyio.sleep(every_s)  # real peer: a caller's poll interval on a real-time session
     polls.append(await delivered_status(manager, operation_id))
     return polls
 
@@ -135,17 +135,12 @@ async def drive_until(
     limit_ms: int = 120_000,
     between: Callable[[], object] = lambda: None,
 ) -> None:
-    """Advance `timer` `every_ms` at a time until `done()`; `between` runs after each step.
-
-    A checkpoint follows each step: the manager's background retries still sleep on the loop until the
-    manager takes the timer, and they must get their turn.
-    """
+    """Advance `timer` `every_ms` at a time until `done()`; `between` runs after each step."""
     deadline_ms = timer.now_ms() + limit_ms
     while not done():
         if timer.now_ms() >= deadline_ms:
             raise AssertionError(f"not done within {limit_ms} ms of virtual time")
         await timer.advance(every_ms)
-        await anyio.sleep(0)
         between()
 
 

@@ -249,8 +249,8 @@ async def test_an_uncertain_cleanup_is_retried_with_backoff_on_the_timer_until_a
         while (claim := _claim(manager, handle.operation_id)).cleanup_uncertain:
             assert claim.next_retry_ms is not None
             retries.append(claim.next_retry_ms - timer.now_ms())
-            await timer.advance_to(claim.next_retry_ms)
-            await _settled(provider, stops=len(retries) + 1)
+            await timer.advance_to(claim.next_retry_ms)  # returns once the retry's stop call was answered
+            assert provider.stop_calls == len(retries) + 1
         assert retries == [1_000, 2_000, 4_000], "doubling up to the maximum"
         assert provider.acknowledged_stops == 1 and manager.claims.holder(claim_key("ble", None)) is None
         final = await status_of(manager, handle.operation_id)
@@ -368,23 +368,17 @@ async def test_durable_updated_at_does_not_follow_revision_timing() -> None:
     # Devices arriving at 50, 150 and 250 ms cut three revisions; their timing is candidate-derived, so
     # the durable projection's `updated_at` moves only with lifecycle changes (start, end).
     timeline = [(50, strap(0)), (150, strap(1)), (250, strap(2))]
-    async with fast_manager() as manager:
-        handle = await start(
-            manager, FaultProvider(timeline), profile=with_profile(min_revision_interval_ms=50), window_ms=400
-        )
+    timer = VirtualTimer()
+    async with fast_manager(timer) as manager:
+        provider = FaultProvider(timeline, timer=timer)
+        profile = with_profile(min_revision_interval_ms=50)
+        handle = await start(manager, provider, profile=profile, window_ms=400, timer=timer)
         seen: list[tuple[int, str]] = []
-        with anyio.fail_after(5):
-            while (status := (await status_of(manager, handle.operation_id)))[
-                "status"
-            ] == "running" or not seen:
-                if status["status"] == "running" and "progress" in status:
-                    seen.append(
-                        (
-                            status["progress"]["revision"],
-                            metadata_of(manager, handle.operation_id)["updated_at"],
-                        )
-                    )
-                await anyio.sleep(0.01)
+        while (status := await status_of(manager, handle.operation_id))["status"] in ("pending", "running"):
+            if "progress" in status:
+                updated_at = metadata_of(manager, handle.operation_id)["updated_at"]
+                seen.append((status["progress"]["revision"], updated_at))
+            await timer.advance(10)
     revisions = {revision for revision, _ in seen}
     assert len(revisions) >= 2
     assert len({updated for _, updated in seen}) == 1
@@ -411,14 +405,6 @@ async def ended(timer: VirtualTimer, session: DiscoverySession, *, after_ms: int
     await timer.advance(after_ms)
     await timer.run_until(session.finished.is_set)
     await timer.advance(0)  # the runner's bookkeeping after the end (record, claim, schedule)
-
-
-async def _settled(provider: FaultProvider, *, stops: int) -> None:
-    """The background retry's stop call reached the provider."""
-    with anyio.fail_after(5):
-        while provider.stop_calls < stops:
-            await anyio.sleep(0.005)
-    await anyio.wait_all_tasks_blocked()
 
 
 def _claim(manager: DiscoveryManager, operation_id: str) -> SessionClaim:

@@ -14,7 +14,6 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-import anyio
 import httpx
 import pytest
 from fastapi import APIRouter
@@ -37,7 +36,7 @@ LIST = "/admin/deferred-operations"
 
 @asynccontextmanager
 async def harness(
-    tmp_path: Path, timer: VirtualTimer | None
+    tmp_path: Path, timer: VirtualTimer
 ) -> AsyncIterator[tuple[Assembled, httpx.AsyncClient, Tokens]]:
     tokens = add_test_principals(tmp_path / "data")
     config = ConnectorConfig(
@@ -75,13 +74,8 @@ async def _admit(assembled: Assembled, tokens: Tokens, transport: str, filters: 
     return str(answer.handle["connector_operation/id"])
 
 
-async def _until(timer: VirtualTimer | None, check: Any, within_ms: int = 15_000) -> None:
+async def _until(timer: VirtualTimer, check: Any, within_ms: int = 15_000) -> None:
     """Advance the virtual clock from due moment to due moment until `check()` holds, by `within_ms`."""
-    if timer is None:
-        with anyio.fail_after(within_ms / 1000):
-            while not await check():
-                await anyio.sleep(0.05)  # wall clock: the in-process runtime's simulated adapter
-        return
     by_ms = timer.now_ms() + within_ms
     await timer.advance(0)
     while not await check():
