@@ -239,6 +239,7 @@ class Emulator:
         self.temporary_timeout_s = DEFAULT_TEMPORARY_TIMEOUT_S
         self.mgmt_delay_s = 0.0
         self.scans_started = 0
+        self.mgmt_unanswered = 0  # mgmt commands the kernel has not answered yet
 
     # ---- dispatch --------------------------------------------------------------------------------------
 
@@ -371,7 +372,13 @@ class Emulator:
 
     def _mgmt(self, done: Callable[[], None]) -> None:
         """One mgmt command: the kernel answers after `mgmt_delay_s`."""
-        self._later(self.mgmt_delay_s, done)
+        self.mgmt_unanswered += 1
+
+        def answer() -> None:
+            self.mgmt_unanswered -= 1
+            done()
+
+        self._later(self.mgmt_delay_s, answer)
 
     def _kernel_start(self, adapter: Adapter, scan_type: int, cp: MergedFilter | None) -> None:
         """MGMT_OP_START_(SERVICE_)DISCOVERY -> command complete, then the Discovering event."""
@@ -997,6 +1004,10 @@ class Emulator:
     def c_device_props(self, path: str) -> dict[str, Any] | None:
         device = self.devices.get(path)
         return None if device is None else {k: _plain(v.value) for k, v in device.props.items()}
+
+    def c_settled(self) -> bool:
+        """No mgmt command awaits the kernel's answer and no discovery (re)start is due on any adapter."""
+        return self.mgmt_unanswered == 0 and all(a.idle_timer is None for a in self.adapters.values())
 
     def c_clients(self, adapter: str) -> list[str]:
         return sorted(self.adapters[adapter].discovery_list())

@@ -289,6 +289,20 @@ class BluezController:
         """[sender, path, args] of every call of `method` so far."""
         return [list(row) for row in self.control("calls", member=method)]
 
+    async def settled(self, timeout: float = 10.0) -> None:
+        """Return once the kernel answered every mgmt command and no discovery (re)start is due.
+
+        bluetoothd answers a D-Bus call or handles a disconnect before the kernel answers the mgmt command
+        it sent (adapter.c `discovery_stop` -> `stop_discovery_complete`; `update_discovery_filter` ->
+        `start_discovery_timeout`): a client dropped by a disconnect stays listed, and a scan restarted for
+        a joining filter is off the air, until then.
+        """
+        deadline = time.monotonic() + timeout
+        while not self.control("settled"):
+            if time.monotonic() > deadline:
+                raise AssertionError("bluetoothd's kernel commands did not settle")
+            await asyncio.sleep(0.005)  # real peer: the emulated kernel answers bluetoothd's mgmt commands
+
     async def called(self, method: str, unless: asyncio.Future[Any]) -> None:
         """Return once bluetoothd has received a call of `method`, or `unless` is done."""
         while not self.calls(method) and not unless.done():

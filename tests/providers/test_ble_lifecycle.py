@@ -143,6 +143,7 @@ async def test_stop_refused_by_bluez_is_proven_by_disconnecting_the_worker(bluez
     bluez.add_device(DEV_A, service_uuids=[HEART])
     assert await session.stop() is StopOutcome.PROVEN
     # Killing the worker closed its connection: bluetoothd dropped its discovery session.
+    await bluez.settled()  # the kernel answered the stop a disconnect made bluetoothd send
     assert name not in bluez.clients() and not bluez.discovering()
     assert len(bluez.method_calls("StopDiscovery")) == 1
     assert await session.stop() is StopOutcome.PROVEN  # idempotent
@@ -169,6 +170,7 @@ async def test_a_stop_never_answered_is_proven_within_the_bound_and_the_session_
     assert await session.stop() is StopOutcome.PROVEN
     # The stall is forever: returning at all shows the proof bound; only the lower bound is exact.
     assert time.monotonic() - started >= 0.29
+    await bluez.settled()  # the kernel answered the stop a disconnect made bluetoothd send
     assert bluez.clients() == [] and not bluez.discovering()
 
 
@@ -186,6 +188,7 @@ async def test_a_wedged_bluetoothd_leaves_the_stop_unconfirmed_until_it_answers(
         await session.stop()
     bluez.unwedge()  # bluetoothd handles the disconnect, then answers the round trip
     assert await session.stop() is StopOutcome.PROVEN
+    await bluez.settled()  # the kernel answered the stop a disconnect made bluetoothd send
     assert bluez.clients() == []
 
 
@@ -327,6 +330,7 @@ async def test_a_start_cut_off_after_start_discovery_hands_back_the_unproven_ses
         await session.stop()
     bluez.unwedge()
     assert await session.stop() is StopOutcome.PROVEN
+    await bluez.settled()  # the kernel answered the stop a disconnect made bluetoothd send
     assert bluez.clients() == []
 
 
@@ -339,6 +343,7 @@ async def test_a_start_cut_off_before_the_worker_reached_the_bus_leaves_nothing(
         async with asyncio.timeout(0.5):
             await BleProvider().start(ble_scope(adapter="hci0"), RecordingSink())
     bluez.unwedge()
+    await bluez.settled()  # the kernel answered the stop a disconnect made bluetoothd send
     assert bluez.clients() == []
 
 
@@ -350,6 +355,7 @@ async def test_the_proof_holds_after_the_connectors_bus_link_reconnected(bluez: 
     # Our connection drops; the next call reconnects, without the match rule for the worker's name.
     session._link.close()
     assert await session.stop() is StopOutcome.PROVEN
+    await bluez.settled()  # the kernel answered the stop a disconnect made bluetoothd send
     assert bluez.clients() == []
 
 

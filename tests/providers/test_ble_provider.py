@@ -224,6 +224,7 @@ async def test_service_uuids_are_matched_in_the_worker_and_out_of_scope_devices_
     # Another client: bluetoothd passes every device to both, and each session re-filters.
     other = BleProvider()
     wide = await other.start(ble_scope(manufacturer_ids=(APPLE,)), RecordingSink())
+    await bluez.settled()  # the joining filter restarts the scan: each device below advertises once
     bluez.add_device(DEV_B, service_uuids=[ENV_SENSING], manufacturer_data={APPLE: b"\x01"})
     bluez.add_device(DEV_C, name="NoServices")
     bluez.update(DEV_B, rssi=-20)
@@ -322,6 +323,7 @@ async def test_nothing_is_left_running_after_stop(bluez: BluezController) -> Non
     await asyncio.sleep(0)  # real peer: one loop turn, for the worker pipe's reader to take its EOF
     leftovers = [t for t in asyncio.all_tasks() - before if not t.done()]
     assert leftovers == []
+    await bluez.settled()  # the kernel answered the stop a disconnect made bluetoothd send
     assert not bluez.discovering() and bluez.clients() == []
     with pytest.raises(ProcessLookupError):
         os.kill(pid, 0)  # the worker exited and was reaped

@@ -179,6 +179,7 @@ async def test_an_unacknowledged_stop_cancels_with_stop_by_disconnect(
         assert final["cancellation"]["state"] == "confirmed"
         assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert final["diagnostics"] == [{"code": "stop-by-disconnect"}]
+        await bluez.settled()  # the kernel answered the stop a disconnect made bluetoothd send
         assert bluez.clients() == [] and not bluez.discovering()  # the sender's session is gone
         assert manager.claims.holder(claim_key("ble", "hci0")) is None
         assert_valid(polls)
@@ -213,6 +214,7 @@ async def test_a_wedged_bluetoothd_holds_the_claim_until_it_answers(bluez: Bluez
         assert after["status"] == "failed"  # a terminal status never changes
         assert after["cleanup"] == {"state": "confirmed", "claim": "released"}
         assert after["diagnostics"] == [{"code": "stop-by-disconnect"}]
+        await bluez.settled()  # the kernel answered the stop a disconnect made bluetoothd send
         assert bluez.clients() == []
 
 
@@ -240,6 +242,7 @@ async def test_a_start_cut_off_while_bluetoothd_hangs_holds_the_claim_until_prov
         after = await status_of(manager, operation_id)
         assert after["status"] == "failed"
         assert after["cleanup"] == {"state": "confirmed", "claim": "released"}
+        await bluez.settled()  # the kernel answered the stop a disconnect made bluetoothd send
         assert bluez.clients() == []
 
 
@@ -264,6 +267,7 @@ async def test_two_scans_on_one_adapter_run_as_two_bluez_clients(bluez: BluezCon
             assert final["status"] == "completed"
             assert [c["label"] for c in final["result"]["candidates"]] == ["strap-1"]
             assert final["cleanup"] == {"state": "confirmed", "claim": "released"}
+        await bluez.settled()  # the kernel answered the stop a disconnect made bluetoothd send
         assert bluez.clients() == []
         assert len(bluez.calls("StartDiscovery")) == 2 and all(
             row[0] in clients for row in bluez.calls("StartDiscovery")
