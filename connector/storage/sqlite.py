@@ -3,7 +3,8 @@
 `SqliteStore` is the base of the three stores (connector state, host registry, Bus announcements): one
 connection, one write lock, opened, checkpointed and closed the same way. Its write queue (`_commit`) is a
 group commit: statements that wait for the same fsync are committed in one transaction, and each caller
-returns only once the transaction holding its statement is durable (CONTRACT §7). Point reads on hot paths
+returns only once the transaction holding its statement is durable (CONTRACT §7); a group reaches the
+connection's thread in two round trips (its statements, then COMMIT), whatever its size. Point reads on hot paths
 (`_read`) go through a second, read-only connection on the event loop's own thread: in WAL mode it reads
 the last committed snapshot without waiting behind the writer's queue or its fsyncs.
 """
@@ -14,7 +15,7 @@ import contextlib
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -86,6 +87,17 @@ class _QueuedWrite:
     error: BaseException | None = None
 
 
+def _begin_group(connection: sqlite3.Connection, batch: Sequence[_QueuedWrite]) -> None:
+    """On the connection's thread: open the group's transaction and run each statement of it; a
+    constraint a statement breaks refuses it alone (SQLite undoes that statement only)."""
+    connection.execute("BEGIN IMMEDIATE")
+    for write in batch:
+        try:
+            write.rowcount = connection.execute(write.sql, write.params).rowcount
+        except sqlite3.IntegrityError as error:
+            write.error = error
+
+
 class SqliteStore:
     """One SQLite file under a data dir (use `await Store.open(data_dir)`, or `async with` on it)."""
 
@@ -101,6 +113,7 @@ class SqliteStore:
         self._reader: sqlite3.Connection | None = None
         self.path = path
         self.commits = 0  # transactions the write queue ran (one fsync each, failed ones included)
+        self.committing: list[_QueuedWrite] = []  # the group whose transaction is open
 
     @classmethod
     async def open(cls, data_dir: Path) -> Self:
@@ -179,13 +192,12 @@ class SqliteStore:
     async def _commit_queued(self) -> None:
         """Every queued statement in one transaction; a failed commit fails each of them."""
         batch, self._queued = self._queued, []
-        grouped = len(batch) > 1  # a lone statement is its own commit (autocommit): two round trips fewer
         try:
-            if grouped:
-                await self._db.execute("BEGIN IMMEDIATE")
-            for write in batch:
-                await self._run_queued(write)
-            if grouped:
+            if len(batch) == 1:  # a lone statement is its own commit (autocommit): one round trip
+                await self._run_queued(batch[0])
+            else:
+                self.committing = batch
+                await self._on_thread(lambda: _begin_group(self._db._conn, batch))
                 await self._db.execute("COMMIT")
         except Exception as error:
             await self._roll_back()
@@ -193,11 +205,18 @@ class SqliteStore:
                 write.error = write.error or error
         finally:
             self.commits += 1
+            self.committing = []
             for write in batch:
                 write.done = True
 
+    async def _on_thread(self, job: Callable[[], None]) -> None:
+        """Run `job` on the connection's thread: one round trip, where each statement would be one (a
+        thread hop and a GIL hand-off on the loop's path)."""
+        # aiosqlite's own seam for a function on its thread (untyped; the version is pinned).
+        await self._db._execute(job)  # type: ignore[no-untyped-call]
+
     async def _run_queued(self, write: _QueuedWrite) -> None:
-        """One statement of a group; a constraint it breaks refuses it alone (SQLite undoes the statement)."""
+        """A lone statement; a constraint it breaks refuses it (SQLite undoes the statement)."""
         try:
             cursor = await self._db.execute(write.sql, write.params)
         except aiosqlite.IntegrityError as error:

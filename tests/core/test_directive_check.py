@@ -78,9 +78,7 @@ def _with(where: tuple[str, ...], value: Any) -> dict[str, Any]:
     return directive
 
 
-@pytest.mark.parametrize(
-    "vector", [v for v in VECTORS if v.schema == DIRECTIVE_SCHEMA], ids=lambda v: v.id
-)
+@pytest.mark.parametrize("vector", [v for v in VECTORS if v.schema == DIRECTIVE_SCHEMA], ids=lambda v: v.id)
 def test_every_directive_vector_answers_as_the_schema_path(vector: Any) -> None:
     assert _answer(vector.document()) == _reference(vector.document())
 

@@ -18,6 +18,7 @@ class CommitGate:
 
     def __init__(self, store: SqliteStore) -> None:
         self._real = store._db
+        self._store = store
         store._db = self  # type: ignore[assignment]
         self._open = anyio.Event()
         self._open.set()
@@ -39,13 +40,12 @@ class CommitGate:
         self._open.set()
 
     def execute(self, sql: str, parameters: Any = None) -> Any:
-        """The real `execute`, except that a commit (COMMIT, or a lone statement outside a transaction)
-        is gated, recorded, or made to fail."""
-        if sql == "COMMIT":
+        """The real `execute`, except that a commit (a group's COMMIT, or a lone statement outside a
+        transaction) is gated, recorded, or made to fail."""
+        if sql == "COMMIT":  # a group's statements ran in one job of the thread (`_begin_group`)
+            self._statements = [write.params[0] for write in self._store.committing]
             return self._commit(self._real.execute(sql))
-        if sql.startswith("BEGIN"):
-            self._statements = []
-        elif parameters is not None:
+        if parameters is not None:
             if not self._real.in_transaction:  # autocommit: the statement is its own commit
                 self._statements = [parameters[0]]
                 return self._commit(self._real.execute(sql, parameters))
