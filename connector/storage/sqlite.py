@@ -4,9 +4,9 @@
 connection, one write lock, opened, checkpointed and closed the same way. Its write queue (`_commit`) is a
 group commit: statements that wait for the same fsync are committed in one transaction, and each caller
 returns only once the transaction holding its statement is durable (CONTRACT §7); a group reaches the
-connection's thread in two round trips (its statements, then COMMIT), whatever its size. Point reads on hot paths
-(`_read`) go through a second, read-only connection on the event loop's own thread: in WAL mode it reads
-the last committed snapshot without waiting behind the writer's queue or its fsyncs.
+connection's thread in two round trips (its statements, then COMMIT), whatever its size. Point reads on
+hot paths (`_read`) go through a second, read-only connection on the event loop's own thread: in WAL mode
+it reads the last committed snapshot without waiting behind the writer's queue or its fsyncs.
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ class SqliteStore:
         write = _QueuedWrite(sql, params)
         self._queued.append(write)
         with anyio.CancelScope(shield=True):
-            async with self._writing():
+            async with self._lock:  # `_writing()`, inlined on the hot path (this scope shields it already)
                 if not write.done:
                     await self._commit_queued()
         if write.error is not None:
