@@ -4,7 +4,7 @@
 connection, one write lock, opened, checkpointed and closed the same way. Its write queue (`_commit`) is a
 group commit: statements that wait for the same fsync are committed in one transaction, and each caller
 returns only once the transaction holding its statement is durable (CONTRACT §7); a group reaches the
-connection's thread in two round trips (its statements, then COMMIT), whatever its size. Point reads on
+connection's thread in one round trip (`_run_transaction`), whatever its size. Point reads on
 hot paths (`_read`) go through a second, read-only connection on the event loop's own thread: in WAL mode
 it reads the last committed snapshot without waiting behind the writer's queue or its fsyncs.
 """
@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 import sqlite3
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,15 +87,19 @@ class _QueuedWrite:
     error: BaseException | None = None
 
 
-def _begin_group(connection: sqlite3.Connection, batch: Sequence[_QueuedWrite]) -> None:
-    """On the connection's thread: open the group's transaction and run each statement of it; a
+def _commit_group(connection: sqlite3.Connection, batch: Sequence[_QueuedWrite]) -> None:
+    """On the connection's thread: the batch as one transaction (a lone statement is its own commit); a
     constraint a statement breaks refuses it alone (SQLite undoes that statement only)."""
-    connection.execute("BEGIN IMMEDIATE")
+    grouped = len(batch) > 1
+    if grouped:
+        connection.execute("BEGIN IMMEDIATE")
     for write in batch:
         try:
             write.rowcount = connection.execute(write.sql, write.params).rowcount
         except sqlite3.IntegrityError as error:
             write.error = error
+    if grouped:
+        connection.execute("COMMIT")
 
 
 class SqliteStore:
@@ -113,7 +117,6 @@ class SqliteStore:
         self._reader: sqlite3.Connection | None = None
         self.path = path
         self.commits = 0  # transactions the write queue ran (one fsync each, failed ones included)
-        self.committing: list[_QueuedWrite] = []  # the group whose transaction is open
 
     @classmethod
     async def open(cls, data_dir: Path) -> Self:
@@ -193,37 +196,21 @@ class SqliteStore:
         """Every queued statement in one transaction; a failed commit fails each of them."""
         batch, self._queued = self._queued, []
         try:
-            if len(batch) == 1:  # a lone statement is its own commit (autocommit): one round trip
-                await self._run_queued(batch[0])
-            else:
-                self.committing = batch
-                await self._on_thread(lambda: _begin_group(self._db._conn, batch))
-                await self._db.execute("COMMIT")
+            await self._run_transaction(batch)
         except Exception as error:
             await self._roll_back()
             for write in batch:
                 write.error = write.error or error
         finally:
             self.commits += 1
-            self.committing = []
             for write in batch:
                 write.done = True
 
-    async def _on_thread(self, job: Callable[[], None]) -> None:
-        """Run `job` on the connection's thread: one round trip, where each statement would be one (a
-        thread hop and a GIL hand-off on the loop's path)."""
+    async def _run_transaction(self, batch: Sequence[_QueuedWrite]) -> None:
+        """The batch, committed, in one job of the connection's thread: one round trip whatever its size,
+        where each statement would be one (a thread hop and a GIL hand-off on the loop's path)."""
         # aiosqlite's own seam for a function on its thread (untyped; the version is pinned).
-        await self._db._execute(job)  # type: ignore[no-untyped-call]
-
-    async def _run_queued(self, write: _QueuedWrite) -> None:
-        """A lone statement; a constraint it breaks refuses it (SQLite undoes the statement)."""
-        try:
-            cursor = await self._db.execute(write.sql, write.params)
-        except aiosqlite.IntegrityError as error:
-            write.error = error
-            return
-        # sqlite3 resets a statement that returns no rows once it ran: nothing to close (one round trip).
-        write.rowcount = cursor.rowcount
+        await self._db._execute(lambda: _commit_group(self._db._conn, batch))  # type: ignore[no-untyped-call]
 
     async def _roll_back(self) -> None:
         """End a transaction that could not commit (nothing of it is durable)."""
