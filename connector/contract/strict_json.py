@@ -72,35 +72,20 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return document
 
 
-class _StrictDecoder(json.JSONDecoder):
-    """The standard decoder with every hook strict; strings are checked as they are scanned.
+class _Numbers:
+    """The number hooks of one parse, and how many numbers they refused.
 
-    `scan_strings`: False lets the C scanner read the strings (10x sooner), for a text in which no string
-    can decode to a lone surrogate (`_needs_python_scanner`); keys are checked either way (`_unique_keys`).
+    An object of its own: hooks bound to the decoder would make each decoder a reference cycle (decoder
+    -> scanner -> hook -> decoder), garbage that only a full collection frees.
     """
 
-    def __init__(self, *, scan_strings: bool = True) -> None:
-        super().__init__(
-            object_pairs_hook=_unique_keys,
-            parse_constant=_no_constant,
-            parse_float=self._float,
-            parse_int=self._integer,
-        )
+    __slots__ = ("refused",)
+
+    def __init__(self) -> None:
         self.refused = 0
-        plain: Callable[[str, int, bool], tuple[str, int]] = getattr(json.decoder, "scanstring")  # noqa: B009
 
-        def checked_string(text: str, end: int, strict: bool = True) -> tuple[str, int]:
-            value, after = plain(text, end, strict)
-            if _SURROGATE.search(value):
-                raise _NotStrict("lone surrogate")
-            return value, after
-
-        self.parse_string = checked_string
-        # The C scanner reads strings itself; the Python one calls `parse_string` for every string value.
-        if scan_strings:
-            self.scan_once = getattr(scanner, "py_make_scanner")(self)  # noqa: B009  (untyped in typeshed)
-
-    def _integer(self, text: str) -> Any:
+    def integer(self, text: str) -> Any:
+        """An integer's text: its value, or `_REFUSED` beyond +-(2^53 - 1)."""
         # Long digit strings are never converted (time, and int's own digit limit).
         value = None if len(text.lstrip("-")) > _SAFE_DIGITS else int(text)
         if value is not None and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
@@ -108,7 +93,8 @@ class _StrictDecoder(json.JSONDecoder):
         self.refused += 1
         return _REFUSED
 
-    def _float(self, text: str) -> Any:
+    def fraction(self, text: str) -> Any:
+        """A number with a fraction or an exponent: the integer it spells, else `_REFUSED`."""
         # A zero fraction or an exponent may spell an integer (`5.0`, `5e3`): JSON Schema 2020-12 and
         # RFC 8785 read it as that integer. Decimal reads the text exactly; `adjusted()` bounds the
         # magnitude before any conversion, so `1e999999999` costs nothing.
@@ -121,6 +107,42 @@ class _StrictDecoder(json.JSONDecoder):
                 return value
         self.refused += 1
         return _REFUSED
+
+
+def _checked_string(text: str, end: int, strict: bool = True) -> tuple[str, int]:
+    value, after = _PLAIN_SCANSTRING(text, end, strict)
+    if _SURROGATE.search(value):
+        raise _NotStrict("lone surrogate")
+    return value, after
+
+
+_PLAIN_SCANSTRING: Callable[[str, int, bool], tuple[str, int]] = getattr(json.decoder, "scanstring")  # noqa: B009
+
+
+class _StrictDecoder(json.JSONDecoder):
+    """The standard decoder with every hook strict; strings are checked as they are scanned.
+
+    `scan_strings`: False lets the C scanner read the strings (10x sooner), for a text in which no string
+    can decode to a lone surrogate (`_needs_python_scanner`); keys are checked either way (`_unique_keys`).
+    """
+
+    def __init__(self, *, scan_strings: bool = True) -> None:
+        self.numbers = _Numbers()
+        super().__init__(
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constant,
+            parse_float=self.numbers.fraction,
+            parse_int=self.numbers.integer,
+        )
+        self.parse_string = _checked_string
+        # The C scanner reads strings itself; the Python one calls `parse_string` for every string value.
+        if scan_strings:
+            self.scan_once = getattr(scanner, "py_make_scanner")(self)  # noqa: B009  (untyped in typeshed)
+
+    @property
+    def refused(self) -> int:
+        """Numbers refused so far."""
+        return self.numbers.refused
 
 
 def loads(raw: bytes | str, *, directive_at: Sequence[str] | None = ()) -> Any:
