@@ -365,16 +365,20 @@ class ReplaySession(BaseSession):
         super().__init__(scope, sink, timer)
         self.opened()
         player = play_timeline(timeline, speed, self.deliver, timer)
-        self._task = asyncio.get_running_loop().create_task(player)
+        self._task: asyncio.Task[None] | None = asyncio.get_running_loop().create_task(player)
 
     @property
     def finished(self) -> bool:
         """True once the player has ended (last line played or stopped)."""
-        return self._task.done()
+        return self._task is None or self._task.done()
 
     async def _stop_backend(self) -> str | None:
         """Cancel the player; acknowledged once it has finished."""
-        await finish_task(self._task)
+        if self._task is not None:
+            await finish_task(self._task)
+            # The finished task keeps its cancellation's traceback, whose frames hold this session:
+            # dropped, no cycle is left for a full garbage collection to find.
+            self._task = None
         return None
 
 

@@ -29,6 +29,7 @@ MAX_DEPTH: Final = 64
 MAX_SAFE_INTEGER: Final = 2**53 - 1
 _SAFE_DIGITS: Final = len(str(MAX_SAFE_INTEGER))
 _SURROGATE = re.compile("[\ud800-\udfff]")
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
 # Top-level keys of `sensorium-directive.v1`: only these are ever named in a diagnostic.
 _DIRECTIVE_KEYS: Final = frozenset(
     {
@@ -71,30 +72,20 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
     return document
 
 
-class _StrictDecoder(json.JSONDecoder):
-    """The standard decoder with every hook strict; strings are checked as they are scanned."""
+class _Numbers:
+    """The number hooks of one parse, and how many numbers they refused.
+
+    An object of its own: hooks bound to the decoder would make each decoder a reference cycle (decoder
+    -> scanner -> hook -> decoder), garbage that only a full collection frees.
+    """
+
+    __slots__ = ("refused",)
 
     def __init__(self) -> None:
-        super().__init__(
-            object_pairs_hook=_unique_keys,
-            parse_constant=_no_constant,
-            parse_float=self._float,
-            parse_int=self._integer,
-        )
         self.refused = 0
-        plain: Callable[[str, int, bool], tuple[str, int]] = getattr(json.decoder, "scanstring")  # noqa: B009
 
-        def checked_string(text: str, end: int, strict: bool = True) -> tuple[str, int]:
-            value, after = plain(text, end, strict)
-            if _SURROGATE.search(value):
-                raise _NotStrict("lone surrogate")
-            return value, after
-
-        self.parse_string = checked_string
-        # The C scanner reads strings itself; the Python one calls `parse_string` for every string value.
-        self.scan_once = getattr(scanner, "py_make_scanner")(self)  # noqa: B009  (untyped in typeshed)
-
-    def _integer(self, text: str) -> Any:
+    def integer(self, text: str) -> Any:
+        """An integer's text: its value, or `_REFUSED` beyond +-(2^53 - 1)."""
         # Long digit strings are never converted (time, and int's own digit limit).
         value = None if len(text.lstrip("-")) > _SAFE_DIGITS else int(text)
         if value is not None and -MAX_SAFE_INTEGER <= value <= MAX_SAFE_INTEGER:
@@ -102,7 +93,8 @@ class _StrictDecoder(json.JSONDecoder):
         self.refused += 1
         return _REFUSED
 
-    def _float(self, text: str) -> Any:
+    def fraction(self, text: str) -> Any:
+        """A number with a fraction or an exponent: the integer it spells, else `_REFUSED`."""
         # A zero fraction or an exponent may spell an integer (`5.0`, `5e3`): JSON Schema 2020-12 and
         # RFC 8785 read it as that integer. Decimal reads the text exactly; `adjusted()` bounds the
         # magnitude before any conversion, so `1e999999999` costs nothing.
@@ -117,6 +109,42 @@ class _StrictDecoder(json.JSONDecoder):
         return _REFUSED
 
 
+def _checked_string(text: str, end: int, strict: bool = True) -> tuple[str, int]:
+    value, after = _PLAIN_SCANSTRING(text, end, strict)
+    if _SURROGATE.search(value):
+        raise _NotStrict("lone surrogate")
+    return value, after
+
+
+_PLAIN_SCANSTRING: Callable[[str, int, bool], tuple[str, int]] = getattr(json.decoder, "scanstring")  # noqa: B009
+
+
+class _StrictDecoder(json.JSONDecoder):
+    """The standard decoder with every hook strict; strings are checked as they are scanned.
+
+    `scan_strings`: False lets the C scanner read the strings (10x sooner), for a text in which no string
+    can decode to a lone surrogate (`_needs_python_scanner`); keys are checked either way (`_unique_keys`).
+    """
+
+    def __init__(self, *, scan_strings: bool = True) -> None:
+        self.numbers = _Numbers()
+        super().__init__(
+            object_pairs_hook=_unique_keys,
+            parse_constant=_no_constant,
+            parse_float=self.numbers.fraction,
+            parse_int=self.numbers.integer,
+        )
+        self.parse_string = _checked_string
+        # The C scanner reads strings itself; the Python one calls `parse_string` for every string value.
+        if scan_strings:
+            self.scan_once = getattr(scanner, "py_make_scanner")(self)  # noqa: B009  (untyped in typeshed)
+
+    @property
+    def refused(self) -> int:
+        """Numbers refused so far."""
+        return self.numbers.refused
+
+
 def loads(raw: bytes | str, *, directive_at: Sequence[str] | None = ()) -> Any:
     """The value of a strict JSON document, or a refusal (400 `invalid-json`, 422 for numbers).
 
@@ -127,7 +155,7 @@ def loads(raw: bytes | str, *, directive_at: Sequence[str] | None = ()) -> Any:
         text = raw.decode("utf-8") if isinstance(raw, bytes) else raw
         if _SURROGATE.search(text):
             raise _NotStrict("lone surrogate")
-        decoder = _StrictDecoder()
+        decoder = _StrictDecoder(scan_strings=_needs_python_scanner(text))
         value = decoder.decode(text)
     except (UnicodeDecodeError, ValueError, RecursionError):
         raise SensoriumError("the body is not strict JSON", code=Code.INVALID_JSON) from None
@@ -137,6 +165,13 @@ def loads(raw: bytes | str, *, directive_at: Sequence[str] | None = ()) -> Any:
     if path is not None:
         raise _number_refusal(path, directive_at)
     return value
+
+
+def _needs_python_scanner(text: str) -> bool:
+    """Whether only the Python scanner may read this text: it escapes a surrogate (`\\ud800`-`\\udfff`),
+    which could decode to a lone one, or nests enough for the two scanners' recursion limits to part."""
+    # Every opening bracket counted, inside strings too: at most `MAX_DEPTH` of them cannot nest deeper.
+    return _SURROGATE_ESCAPE.search(text) is not None or text.count("[") + text.count("{") > MAX_DEPTH
 
 
 def _number_refusal(path: Sequence[str | int], directive_at: Sequence[str] | None) -> AdmissionError:

@@ -95,15 +95,23 @@ class _Sink:
     __slots__ = ("_session",)
 
     def __init__(self, session: DiscoverySession) -> None:
-        self._session = session
+        self._session: DiscoverySession | None = session
 
     def observe(self, observation: Observation) -> None:
         """One observation from the provider."""
-        self._session._observe(observation)
+        session = self._session
+        if session is not None:
+            session._observe(observation)
 
     def fail(self, error: ProviderError) -> None:
         """The provider failed or restarted."""
-        self._session._feed(ProviderFailed(getattr(error, "code", PROVIDER_FAILURE)))
+        session = self._session
+        if session is not None:
+            session._feed(ProviderFailed(getattr(error, "code", PROVIDER_FAILURE)))
+
+    def detach(self) -> None:
+        """The provider session stopped for good: nothing it still holds reaches the session."""
+        self._session = None
 
 
 class DiscoverySession:
@@ -369,6 +377,18 @@ class DiscoverySession:
                 await self._wake.wait()
 
     async def stop_provider(self) -> StopResult:
+        """One shielded stop of the provider session; once it is acknowledged (or proven), the session
+        lets the provider session go."""
+        result = await self._stop_once()
+        if result is not StopResult.UNCERTAIN:
+            # No cycle (session -> provider session -> sink -> session) outlives the stop: once the
+            # manager forgets this session, reference counting frees it, not a full garbage collection
+            # walking every retained session on the loop's thread (issue 17: the status poll's p99).
+            self._provider_session = None
+            self.sink.detach()
+        return result
+
+    async def _stop_once(self) -> StopResult:
         """One shielded stop of the provider session (the provider bounds it; the runtime backstops it)."""
         session = self._provider_session
         if session is None:

@@ -3,9 +3,10 @@
 `SqliteStore` is the base of the three stores (connector state, host registry, Bus announcements): one
 connection, one write lock, opened, checkpointed and closed the same way. Its write queue (`_commit`) is a
 group commit: statements that wait for the same fsync are committed in one transaction, and each caller
-returns only once the transaction holding its statement is durable (CONTRACT §7). Point reads on hot paths
-(`_read`) go through a second, read-only connection on the event loop's own thread: in WAL mode it reads
-the last committed snapshot without waiting behind the writer's queue or its fsyncs.
+returns only once the transaction holding its statement is durable (CONTRACT §7); a group reaches the
+connection's thread in one round trip (`_run_transaction`), whatever its size. Point reads on
+hot paths (`_read`) go through a second, read-only connection on the event loop's own thread: in WAL mode
+it reads the last committed snapshot without waiting behind the writer's queue or its fsyncs.
 """
 
 from __future__ import annotations
@@ -84,6 +85,21 @@ class _QueuedWrite:
     done: bool = False
     rowcount: int = 0
     error: BaseException | None = None
+
+
+def _commit_group(connection: sqlite3.Connection, batch: Sequence[_QueuedWrite]) -> None:
+    """On the connection's thread: the batch as one transaction (a lone statement is its own commit); a
+    constraint a statement breaks refuses it alone (SQLite undoes that statement only)."""
+    grouped = len(batch) > 1
+    if grouped:
+        connection.execute("BEGIN IMMEDIATE")
+    for write in batch:
+        try:
+            write.rowcount = connection.execute(write.sql, write.params).rowcount
+        except sqlite3.IntegrityError as error:
+            write.error = error
+    if grouped:
+        connection.execute("COMMIT")
 
 
 class SqliteStore:
@@ -169,7 +185,7 @@ class SqliteStore:
         write = _QueuedWrite(sql, params)
         self._queued.append(write)
         with anyio.CancelScope(shield=True):
-            async with self._writing():
+            async with self._lock:  # `_writing()`, inlined on the hot path (this scope shields it already)
                 if not write.done:
                     await self._commit_queued()
         if write.error is not None:
@@ -179,14 +195,8 @@ class SqliteStore:
     async def _commit_queued(self) -> None:
         """Every queued statement in one transaction; a failed commit fails each of them."""
         batch, self._queued = self._queued, []
-        grouped = len(batch) > 1  # a lone statement is its own commit (autocommit): two round trips fewer
         try:
-            if grouped:
-                await self._db.execute("BEGIN IMMEDIATE")
-            for write in batch:
-                await self._run_queued(write)
-            if grouped:
-                await self._db.execute("COMMIT")
+            await self._run_transaction(batch)
         except Exception as error:
             await self._roll_back()
             for write in batch:
@@ -196,15 +206,11 @@ class SqliteStore:
             for write in batch:
                 write.done = True
 
-    async def _run_queued(self, write: _QueuedWrite) -> None:
-        """One statement of a group; a constraint it breaks refuses it alone (SQLite undoes the statement)."""
-        try:
-            cursor = await self._db.execute(write.sql, write.params)
-        except aiosqlite.IntegrityError as error:
-            write.error = error
-            return
-        # sqlite3 resets a statement that returns no rows once it ran: nothing to close (one round trip).
-        write.rowcount = cursor.rowcount
+    async def _run_transaction(self, batch: Sequence[_QueuedWrite]) -> None:
+        """The batch, committed, in one job of the connection's thread: one round trip whatever its size,
+        where each statement would be one (a thread hop and a GIL hand-off on the loop's path)."""
+        # aiosqlite's own seam for a function on its thread (untyped; the version is pinned).
+        await self._db._execute(lambda: _commit_group(self._db._conn, batch))  # type: ignore[no-untyped-call]
 
     async def _roll_back(self) -> None:
         """End a transaction that could not commit (nothing of it is durable)."""
