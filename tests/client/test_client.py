@@ -22,6 +22,9 @@ from tests.api.support import Harness, RecordingFactory, harness, straps
 from tests.host import support as host_support
 from tests.support.directives import scan_directive
 
+# The client long-polls as a caller does, so the connector's windows run on the wall clock.
+pytestmark = pytest.mark.realtime
+
 BASE = "http://connector.test"
 
 
@@ -41,7 +44,7 @@ def _progress(status: api.Status) -> DiscoveryProgress | None:
 
 @pytest.mark.asyncio
 async def test_a_scan_start_watch_bind_list_forget(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory(straps(3))) as h, connected(h) as client:
+    async with harness(tmp_path, factory=RecordingFactory(straps(3)), wall=True) as h, connected(h) as client:
         handle = await client.start(scan_directive(1))
         assert isinstance(handle.document, ConnectorDeferred)
         assert handle.status_path == f"/v1/operations/{handle.operation_id}"
@@ -72,7 +75,7 @@ async def test_a_scan_start_watch_bind_list_forget(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_select_a_running_candidate(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory(straps(2))) as h, connected(h) as client:
+    async with harness(tmp_path, factory=RecordingFactory(straps(2)), wall=True) as h, connected(h) as client:
         handle = await client.start(scan_directive(20))
         async for status in client.watch(handle, wait_seconds=5):
             if (
@@ -91,7 +94,7 @@ async def test_select_a_running_candidate(tmp_path: Path) -> None:
 async def test_cancel_returns_only_once_settled(tmp_path: Path) -> None:
     slow_stop = Fault(stop_plan=(StopStep("ack", delay_ms=700), ACK))
     factory = RecordingFactory(straps(2), fault=slow_stop)
-    async with harness(tmp_path, factory=factory) as h, connected(h) as client:
+    async with harness(tmp_path, factory=factory, wall=True) as h, connected(h) as client:
         handle = await client.start(scan_directive(20))
         first = await h.post("alice", handle.status_path + "/cancel")  # what a bare POST answers
         assert first.json()["cancellation"]["state"] == "requested"
@@ -102,7 +105,7 @@ async def test_cancel_returns_only_once_settled(tmp_path: Path) -> None:
 
 @pytest.mark.asyncio
 async def test_refusals_are_typed_and_carry_no_input(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory(straps(1))) as h, connected(h) as client:
+    async with harness(tmp_path, factory=RecordingFactory(straps(1)), wall=True) as h, connected(h) as client:
         bogus = api.Handle(
             "deferred:sensorium.directive.invoke:" + "A" * 26,
             "/v1/operations/nope",
@@ -144,7 +147,7 @@ class _LosesFirstReply(httpx.AsyncBaseTransport):
 @pytest.mark.asyncio
 async def test_a_lost_reply_is_retried_with_the_same_key_and_joins_the_work(tmp_path: Path) -> None:
     factory = RecordingFactory(straps(2))
-    async with harness(tmp_path, factory=factory) as h:
+    async with harness(tmp_path, factory=factory, wall=True) as h:
         lossy = _LosesFirstReply(httpx.ASGITransport(app=h.assembled.app))
         sleeps: list[float] = []
 
@@ -162,7 +165,7 @@ async def test_a_lost_reply_is_retried_with_the_same_key_and_joins_the_work(tmp_
 
 @pytest.mark.asyncio
 async def test_forget_whose_reply_was_lost_succeeds_although_the_repeat_finds_nothing(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory(straps(1))) as h, connected(h) as client:
+    async with harness(tmp_path, factory=RecordingFactory(straps(1)), wall=True) as h, connected(h) as client:
         handle = await client.start(scan_directive(1))
         final = [status async for status in client.watch(handle, wait_seconds=5)][-1]
         assert isinstance(final, DeferredOperationStatusV2) and final.result is not None
@@ -200,7 +203,7 @@ class _BusyFirst(httpx.AsyncBaseTransport):
 
 @pytest.mark.asyncio
 async def test_retry_after_is_honoured_then_surfaced(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory(straps(1))) as h:
+    async with harness(tmp_path, factory=RecordingFactory(straps(1)), wall=True) as h:
         sleeps: list[float] = []
 
         async def record(seconds: float) -> None:

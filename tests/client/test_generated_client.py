@@ -22,6 +22,9 @@ import pytest
 from tests.api.support import RecordingFactory, harness, straps
 from tests.support.directives import scan_directive
 
+# The client long-polls as a caller does, so the connector's windows run on the wall clock.
+pytestmark = pytest.mark.realtime
+
 GENERATOR = Path(sys.executable).with_name("openapi-python-client")
 PACKAGE = "sensorium_generated_client"
 
@@ -58,7 +61,7 @@ def _module(name: str) -> ModuleType:
 @pytest.mark.timeout(180)
 @pytest.mark.asyncio
 async def test_generated_client_drives_a_scan_typed(tmp_path: Path) -> None:
-    async with harness(tmp_path, factory=RecordingFactory(straps(3))) as h:
+    async with harness(tmp_path, factory=RecordingFactory(straps(3)), wall=True) as h:
         document = (await h.client.get("/openapi.json")).json()
         await anyio.to_thread.run_sync(_generate, document, tmp_path)
         sys.path.insert(0, str(tmp_path))
