@@ -60,6 +60,8 @@ DEFAULT_TTL_SECONDS = 900
 DEFAULT_MAX_OUTPUT_BYTES = 262144
 
 _log = logging.getLogger(__name__)
+# How long the exit of a SIGKILLed program may take to be seen (it cannot refuse; a loaded machine delays it).
+_REAP_BOUND_MS = 10_000
 
 # Fixed messages per terminal code: the database holds codes only, and no message ever echoes I/O.
 _ERROR_MESSAGES: Mapping[str, str] = {
@@ -446,7 +448,7 @@ class CommandRunner:
         job = self._jobs.get(operation_id)
         if job is not None:
             job.request_cancel()
-            with scope_after(self._timer, self._kill_after_ms * 2 + 5000):
+            with scope_after(self._timer, self._kill_after_ms + _REAP_BOUND_MS + 5000):
                 await job.done.wait()
         after = await self._require(operation_id)
         return job is not None and _ended_by_cancel(after), self._document(after)
@@ -684,11 +686,13 @@ async def _drain(stream: ByteReceiveStream) -> None:
 async def _terminate(process: Process, timer: Timer, grace_ms: int) -> bool:
     """SIGTERM the process group, SIGKILL after the grace period; True once the exit was seen."""
     with anyio.CancelScope(shield=True):
-        for sig in (signal.SIGTERM, signal.SIGKILL):
+        # The grace is the program's to end politely; after SIGKILL only the kernel's exit and our reaping
+        # remain, which a loaded machine can hold up past a short grace.
+        for sig, bound_ms in ((signal.SIGTERM, grace_ms), (signal.SIGKILL, max(grace_ms, _REAP_BOUND_MS))):
             if process.returncode is not None:
                 break
             _signal_group(process, sig)
-            with scope_after(timer, grace_ms):
+            with scope_after(timer, bound_ms):
                 await process.wait()
         if process.returncode is not None:
             await process.aclose()
