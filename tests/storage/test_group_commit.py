@@ -10,19 +10,13 @@ import anyio
 import pytest
 
 from connector.errors import SensoriumError
-from connector.storage.state import STATE_RELATIVE_PATH, ConnectorState, DiscoveryRecord
+from connector.storage.state import STATE_RELATIVE_PATH, ConnectorState
+from tests.storage.records import WRITERS, discovery_record
 from tests.support.commits import CommitGate
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio
 
-WRITERS = 8
-
-
-def _record(number: int) -> DiscoveryRecord:
-    op_id = f"deferred:sensorium.directive.invoke:{number:026d}"
-    metadata = {"operation/id": op_id, "status": "pending"}
-    return DiscoveryRecord(op_id, "alice", "device.discovery.scan", "ble", "pending", metadata, {"id": op_id})
 
 
 def _visible(data: Path) -> set[str]:
@@ -41,7 +35,7 @@ async def test_concurrent_writes_share_a_commit_and_each_returns_after_its_own(t
         returned: list[tuple[str, int, set[str]]] = []  # (id, commits done, ids committed) at return
 
         async def insert(number: int) -> None:
-            record = _record(number)
+            record = discovery_record(number)
             await state.insert_discovery(record)
             returned.append((record.operation_id, len(gate.groups), _visible(tmp_path)))
 
@@ -63,14 +57,14 @@ async def test_concurrent_writes_share_a_commit_and_each_returns_after_its_own(t
 
 async def test_a_refused_statement_refuses_only_its_writer(tmp_path: Path) -> None:
     async with await ConnectorState.open(tmp_path) as state:
-        await state.insert_discovery(_record(0))
+        await state.insert_discovery(discovery_record(0))
         gate = CommitGate(state)
         gate.hold()
         outcomes: dict[int, str] = {}
 
         async def insert(number: int) -> None:
             try:
-                await state.insert_discovery(_record(number))
+                await state.insert_discovery(discovery_record(number))
                 outcomes[number] = "stored"
             except SensoriumError as error:
                 outcomes[number] = error.code
@@ -83,9 +77,10 @@ async def test_a_refused_statement_refuses_only_its_writer(tmp_path: Path) -> No
             await wait_until(lambda: state.queued_writes == 3)
             gate.release()
         assert outcomes == {9: "stored", 0: "internal", 1: "stored", 2: "stored"}
-        expected = [[_record(9).operation_id], sorted(_record(n).operation_id for n in (0, 1, 2))]
+        rest = sorted(discovery_record(n).operation_id for n in (0, 1, 2))
+        expected = [[discovery_record(9).operation_id], rest]
         assert [sorted(ids) for ids in gate.groups] == expected
-        assert _visible(tmp_path) == {_record(n).operation_id for n in (0, 1, 2, 9)}
+        assert _visible(tmp_path) == {discovery_record(n).operation_id for n in (0, 1, 2, 9)}
 
 
 async def test_a_failed_commit_fails_each_writer_of_it_and_keeps_none_of_their_rows(tmp_path: Path) -> None:
@@ -97,7 +92,7 @@ async def test_a_failed_commit_fails_each_writer_of_it_and_keeps_none_of_their_r
 
         async def insert(number: int) -> None:
             try:
-                await state.insert_discovery(_record(number))
+                await state.insert_discovery(discovery_record(number))
                 outcomes[number] = "stored"
             except OSError:
                 outcomes[number] = "failed"
@@ -110,6 +105,6 @@ async def test_a_failed_commit_fails_each_writer_of_it_and_keeps_none_of_their_r
             await wait_until(lambda: state.queued_writes == 3)
             gate.release()
         assert outcomes == {0: "stored", 1: "failed", 2: "failed", 3: "failed"}
-        assert _visible(tmp_path) == {_record(0).operation_id}  # none of the failed group's rows
-        await state.insert_discovery(_record(1))  # the queue goes on; the id was never taken
-        assert _visible(tmp_path) == {_record(0).operation_id, _record(1).operation_id}
+        assert _visible(tmp_path) == {discovery_record(0).operation_id}  # none of the failed group's rows
+        await state.insert_discovery(discovery_record(1))  # the queue goes on; the id was never taken
+        assert _visible(tmp_path) == {discovery_record(0).operation_id, discovery_record(1).operation_id}

@@ -9,19 +9,13 @@ from typing import Any
 import anyio
 import pytest
 
-from connector.storage.state import ConnectorState, DiscoveryRecord
+from connector.storage.state import ConnectorState
+from tests.storage.records import WRITERS, discovery_record
 from tests.support.commits import CommitGate
 from tests.support.waiting import wait_until
 
 pytestmark = pytest.mark.asyncio
 
-WRITERS = 8
-
-
-def _record(number: int) -> DiscoveryRecord:
-    op_id = f"deferred:sensorium.directive.invoke:{number:026d}"
-    metadata = {"operation/id": op_id, "status": "pending"}
-    return DiscoveryRecord(op_id, "alice", "device.discovery.scan", "ble", "pending", metadata, {"id": op_id})
 
 
 def _count_trips(state: ConnectorState) -> list[int]:
@@ -41,14 +35,14 @@ async def test_a_group_of_eight_is_one_trip_and_a_lone_write_one(tmp_path: Path)
     async with await ConnectorState.open(tmp_path) as state:
         gate = CommitGate(state)
         trips = _count_trips(state)
-        await state.insert_discovery(_record(0))
+        await state.insert_discovery(discovery_record(0))
         assert trips[0] == 1
         gate.hold()
         async with anyio.create_task_group() as group:
-            group.start_soon(state.insert_discovery, _record(1))
+            group.start_soon(state.insert_discovery, discovery_record(1))
             await wait_until(lambda: gate.held_commits == 1)
             for number in range(2, WRITERS + 2):
-                group.start_soon(state.insert_discovery, _record(number))
+                group.start_soon(state.insert_discovery, discovery_record(number))
             await wait_until(lambda: state.queued_writes == WRITERS)
             gate.release()
         assert [len(ids) for ids in gate.groups] == [1, 1, WRITERS]
