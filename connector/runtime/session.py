@@ -138,7 +138,8 @@ class DiscoverySession:
         self._wake = anyio.Event()
         # When the runner will look again by itself; an observation wakes it only for something sooner.
         self._sleeping_until_ms = 0
-        self._changed = anyio.Event()
+        # Made when a long poll first asks for it: most sessions change with nobody waiting.
+        self._changed: anyio.Event | None = None
         self.finished = anyio.Event()
         self.sink = _Sink(self)
         self._listener = listener
@@ -193,6 +194,8 @@ class DiscoverySession:
     @property
     def changed(self) -> anyio.Event:
         """An event set at the next status change (take it before waiting)."""
+        if self._changed is None:
+            self._changed = anyio.Event()
         return self._changed
 
     @property
@@ -294,8 +297,9 @@ class DiscoverySession:
         elif effect is Effect.WAKE:
             self._wake.set()
         elif effect is Effect.NOTIFY:
-            self._changed.set()
-            self._changed = anyio.Event()
+            if self._changed is not None:
+                self._changed.set()
+                self._changed = None
         elif effect is Effect.ERASE:
             self.table.erase()
         elif effect is Effect.CUT or effect is Effect.FINAL_CUT:

@@ -108,6 +108,7 @@ class PrincipalDirectory:
 
     def __init__(self, data_dir: Path) -> None:
         self._data_dir = Path(data_dir)
+        self._path = str(principals_path(self._data_dir))  # stat'd on every request: built once
         self._callbacks: list[RevokedCallback] = []
         self._stamp = self._stat()
         self._last_good = load_principals(self._data_dir)
@@ -180,7 +181,7 @@ class PrincipalDirectory:
     def _stat(self) -> _FileStamp | None:
         """The file's stamp, or None when it does not exist."""
         try:
-            st = principals_path(self._data_dir).stat()
+            st = os.stat(self._path)
         except FileNotFoundError:
             return None
         return _FileStamp(st.st_ino, st.st_mtime_ns, st.st_size)

@@ -44,7 +44,15 @@ class JsonLinesFormatter(logging.Formatter):
 
 
 def configure_logging(log_format: str = "text", stream: TextIO | None = None) -> None:
-    """Route every `sensorium.*` record to `stream` (stderr) as text or JSON Lines, level INFO."""
+    """Route every `sensorium.*` record to `stream` (stderr) as text or JSON Lines, level INFO.
+
+    Neither format shows a record's thread, process or source line, so none is collected: the logging
+    HOWTO's "Optimization" switches (the caller's frame walk was a tenth of each lifecycle line's cost).
+    """
+    logging.logThreads = False
+    logging.logProcesses = False
+    logging.logMultiprocessing = False
+    logging._srcfile = None  # type: ignore[attr-defined]  # the documented switch for the frame walk
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonLinesFormatter() if log_format == "json" else logging.Formatter(_TEXT_FORMAT))
     root = logging.getLogger()
