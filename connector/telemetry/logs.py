@@ -52,7 +52,7 @@ def configure_logging(log_format: str = "text", stream: TextIO | None = None) ->
     logging.logThreads = False
     logging.logProcesses = False
     logging.logMultiprocessing = False
-    logging._srcfile = None  # type: ignore[attr-defined]  # the documented switch for the frame walk
+    logging._srcfile = None  # the documented switch for the frame walk
     handler = logging.StreamHandler(stream or sys.stderr)
     handler.setFormatter(JsonLinesFormatter() if log_format == "json" else logging.Formatter(_TEXT_FORMAT))
     root = logging.getLogger()
