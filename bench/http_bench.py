@@ -182,7 +182,7 @@ async def run_phase(
     phase = Phase(name)
     # One kept-alive connection per worker (as wrk and hey drive a server): requests never queue in a
     # shared pool inside the load client, which made a request wait there for up to 1.4 s before it was
-    # sent while the server answered every request in under a millisecond.
+    # sent while the server answered each status poll in about a millisecond.
     limits = httpx.Limits(max_connections=1, max_keepalive_connections=1)
     async with AsyncExitStack() as stack:
         clients = [
