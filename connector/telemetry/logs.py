@@ -47,7 +47,7 @@ def configure_logging(log_format: str = "text", stream: TextIO | None = None) ->
     """Route every `sensorium.*` record to `stream` (stderr) as text or JSON Lines, level INFO.
 
     Neither format shows a record's thread, process or source line, so none is collected: the logging
-    HOWTO's "Optimization" switches (the caller's frame walk was a tenth of each lifecycle line's cost).
+    HOWTO's "Optimization" switches (together a tenth of a lifecycle line's cost: 12.6 -> 11.2 us).
     """
     logging.logThreads = False
     logging.logProcesses = False
